@@ -1,0 +1,89 @@
+"""The ``hopfield`` command: list, run, reproduce and report experiments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hopfield.experiments.registry import PRESETS, all_experiments
+from hopfield.experiments.runner import reproduce, run_experiment
+from hopfield.report import build_report
+
+
+def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects NAME=VALUE, got {pair!r}")
+        overrides[key] = value
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hopfield", description="Modern Hopfield networks: experiments and reports."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("list", help="list the registered experiments")
+
+    def add_common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--preset", choices=PRESETS, default="small")
+        p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
+        p.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    run = sub.add_parser("run", help="run one experiment")
+    run.add_argument("name")
+    add_common(run)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+        help="override a configuration field (JSON values)",
+    )
+
+    rep = sub.add_parser("reproduce", help="run every experiment at a preset, then the report")
+    add_common(rep)
+    rep.add_argument("--only", nargs="*", default=None, help="names of experiments to run")
+
+    report = sub.add_parser("report", help="render a Markdown report of a results folder")
+    report.add_argument("dir", type=Path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        for e in all_experiments():
+            presets = "/".join(e.presets)
+            print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
+        return 0
+    if args.command == "run":
+        path = run_experiment(
+            args.name, args.preset, args.out, data_dir=args.data_dir,
+            seed=args.seed, overrides=_parse_overrides(args.overrides),
+            progress=not args.no_progress,
+        )
+        print(f"results: {path}")
+        print(f"report:  {build_report(path.parent)}")
+        return 0
+    if args.command == "reproduce":
+        paths = reproduce(
+            args.preset, args.out, data_dir=args.data_dir, progress=not args.no_progress,
+            only=args.only,
+        )
+        for path in paths:
+            print(f"results: {path}")
+        print(f"report:  {build_report(args.out)}")
+        return 0
+    if args.command == "report":
+        print(build_report(args.dir))
+        return 0
+    raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command
+
+
+if __name__ == "__main__":
+    sys.exit(main())

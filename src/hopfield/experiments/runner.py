@@ -1,0 +1,124 @@
+"""Run registered experiments and write their results as JSON with full provenance."""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import time
+from dataclasses import asdict, fields, is_dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hopfield.experiments.registry import Experiment, all_experiments, get
+from hopfield.experiments.results import Results, RunContext
+
+RESULTS_FILE = "results.json"
+
+
+def versions() -> dict[str, str]:
+    """Versions of the software a result was computed with."""
+    import hopfield
+
+    return {
+        "hopfield": hopfield.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_threads": str(torch.get_num_threads()),
+    }
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and PyTorch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
+    """``config`` with fields replaced from ``{"name": "text value"}`` (parsed as JSON when possible)."""
+    if not is_dataclass(config):
+        raise TypeError(f"config must be a dataclass instance, got {type(config).__name__}")
+    known = {f.name for f in fields(config)}
+    changes: dict[str, Any] = {}
+    for key, text in overrides.items():
+        if key not in known:
+            raise ValueError(f"unknown config field {key!r}; fields: {', '.join(sorted(known))}")
+        try:
+            changes[key] = json.loads(text)
+        except json.JSONDecodeError:
+            changes[key] = text
+    return replace(config, **changes)
+
+
+def run_experiment(
+    name: str,
+    preset: str,
+    out: Path | str,
+    *,
+    data_dir: Path | str | None = None,
+    seed: int | None = None,
+    overrides: dict[str, str] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
+
+    Returns the path of the results file. The file holds the configuration, seed, software
+    versions, wall time and the :class:`Results` (tables, metrics, figures).
+    """
+    experiment: Experiment = get(name)
+    config = experiment.config(preset)
+    if seed is not None:
+        config = replace(config, seed=seed)
+    if overrides:
+        config = apply_overrides(config, overrides)
+    context = RunContext(
+        out_dir=Path(out) / name,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        preset=preset,
+        progress=progress,
+    )
+    seed_everything(int(getattr(config, "seed", 0)))
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    results = experiment.run(config, context)
+    if not isinstance(results, Results):
+        raise TypeError(f"experiment {name!r} returned {type(results).__name__}, expected Results")
+    record = {
+        "experiment": name,
+        "paper": experiment.paper,
+        "preset": preset,
+        "config": asdict(config),
+        "seed": getattr(config, "seed", None),
+        "versions": versions(),
+        "started_at": started,
+        "wall_time_s": time.perf_counter() - t0,
+        "results": results.to_dict(),
+    }
+    return context.save_json(RESULTS_FILE, record)
+
+
+def reproduce(
+    preset: str,
+    out: Path | str,
+    *,
+    data_dir: Path | str | None = None,
+    progress: bool = True,
+    only: list[str] | None = None,
+) -> list[Path]:
+    """Run every experiment marked for reproduction (or those in ``only``) at ``preset``."""
+    chosen = [e for e in all_experiments() if (e.name in only if only else e.in_reproduce)]
+    return [
+        run_experiment(e.name, preset, out, data_dir=data_dir, progress=progress) for e in chosen
+    ]
+
+
+def load_record(path: Path | str) -> dict[str, Any]:
+    """Read a results file written by :func:`run_experiment`."""
+    return json.loads(Path(path).read_text())
