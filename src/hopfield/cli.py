@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(run)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="override a configuration field (JSON values)",
     )
 
@@ -63,8 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "run":
         path = run_experiment(
-            args.name, args.preset, args.out, data_dir=args.data_dir,
-            seed=args.seed, overrides=_parse_overrides(args.overrides),
+            args.name,
+            args.preset,
+            args.out,
+            data_dir=args.data_dir,
+            seed=args.seed,
+            overrides=_parse_overrides(args.overrides),
             progress=not args.no_progress,
         )
         print(f"results: {path}")
@@ -72,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "reproduce":
         paths = reproduce(
-            args.preset, args.out, data_dir=args.data_dir, progress=not args.no_progress,
+            args.preset,
+            args.out,
+            data_dir=args.data_dir,
+            progress=not args.no_progress,
             only=args.only,
         )
         for path in paths:

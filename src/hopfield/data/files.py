@@ -62,7 +62,9 @@ def sha256_of(path: Path) -> str:
     return _VERIFIED[key]
 
 
-def locate(file: DataFile, data_dir: str | os.PathLike[str] | None = None, *, verify: bool = True) -> Path:
+def locate(
+    file: DataFile, data_dir: str | os.PathLike[str] | None = None, *, verify: bool = True
+) -> Path:
     """The path of ``file`` below the data root (or a system path), checksum verified.
 
     Raises:

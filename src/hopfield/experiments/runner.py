@@ -43,7 +43,7 @@ def seed_everything(seed: int) -> None:
 
 def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
     """``config`` with fields replaced from ``{"name": "text value"}`` (parsed as JSON when possible)."""
-    if not is_dataclass(config):
+    if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"config must be a dataclass instance, got {type(config).__name__}")
     known = {f.name for f in fields(config)}
     changes: dict[str, Any] = {}

@@ -15,9 +15,11 @@ asked for and when the structure has them.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.separation import Separation
@@ -50,3 +52,131 @@ def causal_mask(length: int, size: int, device: torch.device | None = None) -> T
     rows = torch.arange(length, device=device)[:, None]
     cols = torch.arange(size, device=device)[None, :]
     return cols <= rows + (size - length)
+
+
+def with_causal(mask: Tensor | None, length: int, size: int, device: torch.device) -> Tensor:
+    """``mask`` combined with the causal mask (boolean in, boolean out; float in, float out)."""
+    allowed = causal_mask(length, size, device)
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, -math.inf)
+
+
+def apply_mask(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Scores with ``mask`` applied: boolean ``False`` entries become ``-inf``, floats are added."""
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, -math.inf)
+    return scores + mask
+
+
+def explicit_association(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    dropout: float,
+) -> tuple[Tensor, Tensor]:
+    """The reference path: explicit scores ``(B, H, L, S)``, weights, dropout, weighted sum."""
+    weights = separation(apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask))
+    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    return torch.matmul(dropped, v), weights
+
+
+def _append_zero_keys(k: Tensor, v: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    zeros_k = k.new_zeros(*k.shape[:-2], count, k.shape[-1])
+    zeros_v = v.new_zeros(*v.shape[:-2], count, v.shape[-1])
+    return torch.cat([k, zeros_k], dim=-2), torch.cat([v, zeros_v], dim=-2)
+
+
+def _extend_mask(mask: Tensor, size: int, extra: Tensor) -> Tensor:
+    """``mask`` with its key dim expanded to ``size`` and ``extra`` columns appended."""
+    mask = mask.expand(*mask.shape[:-1], size)
+    extra = extra.expand(*mask.shape[:-1], extra.shape[-1])
+    return torch.cat([mask, extra], dim=-1)
+
+
+class Dense(Structure):
+    """Every memory takes part (the modern Hopfield update / full attention).
+
+    Softmax and SoftmaxN with integer ``n`` run through the fused
+    :func:`torch.nn.functional.scaled_dot_product_attention`: ``n`` zero keys and zero values
+    are appended, and the mask is padded so they are never masked. Fully masked rows of a plain
+    softmax get one zero key that only they can see, so they return zeros instead of NaN. Every
+    other separation, and ``return_weights=True``, takes the explicit reference path.
+    """
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        length, size = q.shape[-2], k.shape[-2]
+        if separation.zero_keys is None or return_weights:
+            if causal:
+                mask = with_causal(mask, length, size, q.device)
+            return explicit_association(
+                q, k, v, separation=separation, scale=scale, mask=mask, dropout=dropout
+            )
+        return self._fused(q, k, v, separation.zero_keys, scale, mask, causal, dropout), None
+
+    @staticmethod
+    def _fused(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        zero_keys: int,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+    ) -> Tensor:
+        length, size = q.shape[-2], k.shape[-2]
+        if isinstance(scale, Tensor):
+            q, scale = q * scale, 1.0
+        if causal and mask is None and zero_keys == 0 and length == size:
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, is_causal=True, scale=scale
+            )
+        if causal:
+            mask = with_causal(mask, length, size, q.device)
+        if zero_keys > 0:
+            k, v = _append_zero_keys(k, v, zero_keys)
+            if mask is not None:
+                keep = torch.ones(1, dtype=torch.bool, device=mask.device)
+                extra = (
+                    keep
+                    if mask.dtype == torch.bool
+                    else torch.zeros(1, dtype=mask.dtype, device=mask.device)
+                )
+                mask = _extend_mask(mask, size, extra.expand(zero_keys))
+        elif mask is not None:
+            allowed = mask if mask.dtype == torch.bool else mask > -math.inf
+            blocked_rows = ~allowed.any(dim=-1, keepdim=True)
+            if bool(blocked_rows.any()):
+                k, v = _append_zero_keys(k, v, 1)
+                extra = (
+                    blocked_rows
+                    if mask.dtype == torch.bool
+                    else torch.zeros_like(blocked_rows, dtype=mask.dtype).masked_fill(
+                        ~blocked_rows, -math.inf
+                    )
+                )
+                mask = _extend_mask(mask, size, extra)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale
+        )

@@ -1,0 +1,29 @@
+"""The functional core: separation maps, structures and :func:`associate`."""
+
+from hopfield.functional.associate import associate
+from hopfield.functional.separation import (
+    ClippedSoftmax,
+    Entmax,
+    Polynomial,
+    Separation,
+    Softmax,
+    SoftmaxN,
+    Sparsemax,
+    entmax,
+)
+from hopfield.functional.structures import Dense, Structure, causal_mask
+
+__all__ = [
+    "ClippedSoftmax",
+    "Dense",
+    "Entmax",
+    "Polynomial",
+    "Separation",
+    "Softmax",
+    "SoftmaxN",
+    "Sparsemax",
+    "Structure",
+    "associate",
+    "causal_mask",
+    "entmax",
+]

@@ -1,0 +1,573 @@
+"""Hopfield layers: ``Hopfield``, ``HopfieldPooling``, ``HopfieldLayer`` and their OutEffHop forms.
+
+A layer projects raw stored patterns ``Y``, state patterns ``R`` and pattern projections into
+``H`` heads of a Hopfield (association) space, retrieves with
+:func:`hopfield.functional.associate` (optionally iterating in key space) and projects back:
+
+    Z = separation(beta · R W_Q (Y W_K)ᵀ) · V,   V = Y_proj W_V  (or (Y W_K) W_V when tied).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from hopfield.functional.associate import associate
+from hopfield.functional.separation import Separation, Softmax, SoftmaxN
+from hopfield.functional.structures import Dense, Structure
+from hopfield.nn.gates import GatedAttention
+
+Patterns = Tensor | tuple[Tensor, Tensor, Tensor]
+
+
+class HopfieldOutput(NamedTuple):
+    """What a layer returns when weights or heads are asked for.
+
+    Attributes:
+        output: ``(B, L, output_size)`` (``(L, B, ·)`` when not ``batch_first``).
+        weights: association weights ``(B, H, L, S)`` of the last step, or ``None``.
+        heads: per-head retrieved patterns ``(B, H, L, Ev)`` (after the gate), or ``None``.
+    """
+
+    output: Tensor
+    weights: Tensor | None
+    heads: Tensor | None
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _mha_masks_to_allowed(
+    key_padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    batch: int,
+    heads: int,
+    length: int,
+    size: int,
+    dtype: torch.dtype,
+) -> Tensor | None:
+    """Masks in the ``nn.MultiheadAttention`` convention (``True`` = ignore, or additive floats)
+    as one mask in the ``associate`` convention (``True`` = may take part, or additive floats)."""
+    parts: list[Tensor] = []
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (batch, size):
+            raise ValueError(
+                f"key_padding_mask must be (B, S) = ({batch}, {size}), got {tuple(key_padding_mask.shape)}"
+            )
+        parts.append(key_padding_mask.view(batch, 1, 1, size))
+    if attn_mask is not None:
+        if attn_mask.shape == (length, size):
+            parts.append(attn_mask.view(1, 1, length, size))
+        elif attn_mask.shape == (batch * heads, length, size):
+            parts.append(attn_mask.view(batch, heads, length, size))
+        else:
+            raise ValueError(
+                f"attn_mask must be (L, S) = ({length}, {size}) or (B·H, L, S) = "
+                f"({batch * heads}, {length}, {size}), got {tuple(attn_mask.shape)}"
+            )
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        allowed = ~parts[0]
+        for p in parts[1:]:
+            allowed = allowed & ~p
+        return allowed
+    additive = [
+        torch.zeros(p.shape, dtype=dtype, device=p.device).masked_fill(p, -math.inf)
+        if p.dtype == torch.bool
+        else p.to(dtype)
+        for p in parts
+    ]
+    total = additive[0]
+    for p in additive[1:]:
+        total = total + p
+    return total
+
+
+class Hopfield(nn.Module):
+    """A modern Hopfield layer (association of state patterns with stored patterns).
+
+    Args:
+        input_size: size of the raw patterns (default for stored, state and projection sizes).
+        num_heads: number of heads ``H``.
+        hidden_size: per-head size ``E`` of the Hopfield (key) space; default ``input_size // H``.
+        pattern_size: per-head size ``Ev`` of the retrieved patterns; default ``hidden_size``.
+        output_size: size of the output; default ``input_size``.
+        stored_size, state_size, projection_size: raw sizes of the three inputs
+            (default ``input_size``).
+        separation: map from scores to weights (default :class:`~hopfield.functional.Softmax`).
+        structure: which memories take part (default :class:`~hopfield.functional.Dense`).
+        scale: the inverse temperature beta: a float or one per head (sequence of ``H``);
+            default ``1/sqrt(hidden_size)``.
+        scale_learnable: learn beta (one parameter per head, started at ``scale``).
+        update_steps: maximum number of retrieval steps (1 = one attention step); the first
+            ``update_steps - 1`` iterate the state in key space, ``q <- sep(beta q Kᵀ) K``.
+        update_eps: a head stops iterating once no state pattern moves more than this (L2).
+        static: no projections at all (pure memory retrieval): raw patterns are split into heads
+            and the heads are concatenated at the output.
+        tie_values_to_keys: values are a projection of the projected keys, ``V = (Y W_K) W_V``
+            (the papers' Hopfield layer) instead of ``V = Y_proj W_V``.
+        normalize_inputs: LayerNorm on the stored, state and projection inputs.
+        normalize_hopfield_space: LayerNorm over ``E`` on the projected queries and keys.
+        bias: biases in the projections.
+        dropout: dropout on the association weights.
+        batch_first: inputs and outputs are ``(B, N, ·)``; else ``(N, B, ·)``.
+        gate: an optional :class:`~hopfield.nn.GatedAttention`, conditioned on the state input,
+            applied to each head's retrieved patterns before the output projection.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        num_heads: int = 1,
+        *,
+        hidden_size: int | None = None,
+        pattern_size: int | None = None,
+        output_size: int | None = None,
+        stored_size: int | None = None,
+        state_size: int | None = None,
+        projection_size: int | None = None,
+        separation: Separation | None = None,
+        structure: Structure | None = None,
+        scale: float | Sequence[float] | None = None,
+        scale_learnable: bool = False,
+        update_steps: int = 1,
+        update_eps: float = 1e-4,
+        static: bool = False,
+        tie_values_to_keys: bool = False,
+        normalize_inputs: bool = False,
+        normalize_hopfield_space: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        gate: GatedAttention | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.input_size = _positive("input_size", input_size)
+        self.num_heads = _positive("num_heads", num_heads)
+        self.stored_size = _positive("stored_size", stored_size or input_size)
+        self.state_size = _positive("state_size", state_size or input_size)
+        self.projection_size = _positive("projection_size", projection_size or input_size)
+        self.static = bool(static)
+        if self.static:
+            self._check_static(hidden_size, pattern_size, output_size, tie_values_to_keys)
+            hidden_size = self.stored_size // num_heads
+            pattern_size = self.projection_size // num_heads
+            output_size = pattern_size * num_heads
+        elif hidden_size is None:
+            if input_size % num_heads:
+                raise ValueError(
+                    f"input_size ({input_size}) must be divisible by num_heads ({num_heads}) "
+                    "unless hidden_size is given"
+                )
+            hidden_size = input_size // num_heads
+        self.hidden_size = _positive("hidden_size", hidden_size)
+        self.pattern_size = _positive("pattern_size", pattern_size or self.hidden_size)
+        self.output_size = _positive("output_size", output_size or input_size)
+        self.update_steps = _positive("update_steps", update_steps)
+        if update_eps < 0:
+            raise ValueError(f"update_eps must be >= 0, got {update_eps}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        self.update_eps, self.dropout, self.batch_first = update_eps, dropout, batch_first
+        self.tie_values_to_keys = bool(tie_values_to_keys)
+        if separation is not None and not isinstance(separation, Separation):
+            raise TypeError(f"separation must be a Separation, got {type(separation).__name__}")
+        if structure is not None and not isinstance(structure, Structure):
+            raise TypeError(f"structure must be a Structure, got {type(structure).__name__}")
+        if gate is not None and not isinstance(gate, GatedAttention):
+            raise TypeError(f"gate must be a GatedAttention, got {type(gate).__name__}")
+        if gate is not None and (gate.num_heads != num_heads or gate.input_size != self.state_size):
+            raise ValueError(
+                f"gate must have num_heads={num_heads} and input_size={self.state_size}, "
+                f"got {gate.num_heads} and {gate.input_size}"
+            )
+        self.separation = separation if separation is not None else self._default_separation()
+        self.structure = structure if structure is not None else Dense()
+        self.gate = gate
+        self._init_scale(scale, scale_learnable, factory)
+
+        inner_k, inner_v = num_heads * self.hidden_size, num_heads * self.pattern_size
+        self.q_proj = self.k_proj = self.v_proj = self.out_proj = None
+        if not self.static:
+            self.q_proj = nn.Linear(self.state_size, inner_k, bias=bias, **factory)
+            self.k_proj = nn.Linear(self.stored_size, inner_k, bias=bias, **factory)
+            v_in = inner_k if self.tie_values_to_keys else self.projection_size
+            self.v_proj = nn.Linear(v_in, inner_v, bias=bias, **factory)
+            self.out_proj = nn.Linear(inner_v, self.output_size, bias=bias, **factory)
+        self.norm_stored = self.norm_state = self.norm_projection = None
+        if normalize_inputs:
+            self.norm_stored = nn.LayerNorm(self.stored_size, **factory)
+            self.norm_state = nn.LayerNorm(self.state_size, **factory)
+            self.norm_projection = nn.LayerNorm(self.projection_size, **factory)
+        self.norm_q = self.norm_k = None
+        if normalize_hopfield_space:
+            self.norm_q = nn.LayerNorm(self.hidden_size, **factory)
+            self.norm_k = nn.LayerNorm(self.hidden_size, **factory)
+        self.reset_parameters()
+
+    @staticmethod
+    def _default_separation() -> Separation:
+        return Softmax()
+
+    def _check_static(
+        self, hidden: int | None, pattern: int | None, output: int | None, tied: bool
+    ) -> None:
+        if hidden is not None or pattern is not None or output is not None or tied:
+            raise ValueError(
+                "static=True has no projections: hidden_size, pattern_size, output_size and "
+                "tie_values_to_keys must be left at their defaults"
+            )
+        if self.stored_size != self.state_size:
+            raise ValueError(
+                f"static=True needs stored_size == state_size, got {self.stored_size} and {self.state_size}"
+            )
+        for name, size in (
+            ("stored_size", self.stored_size),
+            ("projection_size", self.projection_size),
+        ):
+            if size % self.num_heads:
+                raise ValueError(
+                    f"static=True needs {name} ({size}) divisible by num_heads ({self.num_heads})"
+                )
+
+    def _init_scale(
+        self, scale: float | Sequence[float] | None, learnable: bool, factory: dict[str, Any]
+    ) -> None:
+        default = 1.0 / math.sqrt(self.hidden_size)
+        values = [default] * self.num_heads if scale is None else scale
+        if isinstance(values, int | float):
+            values = [float(values)] * self.num_heads
+        values = [float(v) for v in values]
+        if len(values) != self.num_heads:
+            raise ValueError(f"scale must be a float or {self.num_heads} floats, got {len(values)}")
+        if any(v <= 0 or not math.isfinite(v) for v in values):
+            raise ValueError(f"scale must be positive and finite, got {values}")
+        self._initial_scale = values
+        initial = torch.tensor(values, **{k: v for k, v in factory.items() if v is not None})
+        if learnable:
+            self.scale: Tensor | nn.Parameter = nn.Parameter(initial)
+        else:
+            self.register_buffer("scale", initial)
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections with zero biases, unit LayerNorms, the initial scale."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if proj is not None:
+                nn.init.xavier_uniform_(proj.weight)
+                if proj.bias is not None:
+                    nn.init.zeros_(proj.bias)
+        for norm in (
+            self.norm_stored,
+            self.norm_state,
+            self.norm_projection,
+            self.norm_q,
+            self.norm_k,
+        ):
+            if norm is not None:
+                norm.reset_parameters()
+        with torch.no_grad():
+            self.scale.copy_(torch.tensor(self._initial_scale, dtype=self.scale.dtype))
+        if self.gate is not None:
+            self.gate.reset_parameters()
+
+    # ------------------------------------------------------------------------------------------
+
+    def _split_inputs(self, input: Patterns) -> tuple[Tensor, Tensor, Tensor]:
+        if isinstance(input, Tensor):
+            stored = state = projection = input
+        elif isinstance(input, tuple | list) and len(input) == 3:
+            stored, state, projection = input
+        else:
+            raise TypeError("input must be a Tensor or a tuple (stored, state, projection)")
+        expected = (
+            ("stored", stored, self.stored_size),
+            ("state", state, self.state_size),
+            ("projection", projection, self.projection_size),
+        )
+        for name, t, size in expected:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} patterns must be a Tensor, got {type(t).__name__}")
+            if t.dim() != 3 or t.shape[-1] != size:
+                raise ValueError(
+                    f"{name} patterns must be 3-D with last dim {size}, got {tuple(t.shape)}"
+                )
+        if not self.batch_first:
+            stored, state, projection = (t.transpose(0, 1) for t in (stored, state, projection))
+        if stored.shape[:2] != projection.shape[:2]:
+            raise ValueError(
+                f"stored and projection patterns must share (B, S), got {tuple(stored.shape[:2])} "
+                f"and {tuple(projection.shape[:2])}"
+            )
+        if stored.shape[0] != state.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: stored {stored.shape[0]}, state {state.shape[0]}"
+            )
+        return stored, state, projection
+
+    def _heads(self, x: Tensor, size: int) -> Tensor:
+        return x.view(x.shape[0], x.shape[1], self.num_heads, size).transpose(1, 2)
+
+    def _project(
+        self, stored: Tensor, state: Tensor, projection: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if (
+            self.norm_stored is not None
+            and self.norm_state is not None
+            and self.norm_projection is not None
+        ):
+            stored, state, projection = (
+                self.norm_stored(stored),
+                self.norm_state(state),
+                self.norm_projection(projection),
+            )
+        if self.q_proj is None or self.k_proj is None or self.v_proj is None:
+            q, k, v = state, stored, projection
+        else:
+            q, k = self.q_proj(state), self.k_proj(stored)
+            v = self.v_proj(k if self.tie_values_to_keys else projection)
+        q, k, v = (
+            self._heads(q, self.hidden_size),
+            self._heads(k, self.hidden_size),
+            self._heads(v, self.pattern_size),
+        )
+        if self.norm_q is not None and self.norm_k is not None:
+            q, k = self.norm_q(q), self.norm_k(k)
+        return q, k, v
+
+    def _iterate(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """``update_steps - 1`` retrieval steps in key space; each head stops at ``update_eps``."""
+        active = torch.ones(self.num_heads, dtype=torch.bool, device=q.device)
+        for _ in range(self.update_steps - 1):
+            new_q = associate(
+                q,
+                k,
+                k,
+                separation=self.separation,
+                structure=self.structure,
+                scale=self.scale,
+                mask=mask,
+                causal=causal,
+            )
+            assert isinstance(new_q, Tensor)
+            moved = (new_q - q).detach().norm(dim=-1).amax(dim=(0, 2))
+            q = torch.where(active.view(1, -1, 1, 1), new_q, q)
+            active = active & (moved > self.update_eps)
+            if not bool(active.any()):
+                break
+        return q
+
+    def forward(
+        self,
+        input: Patterns,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool = False,
+        return_weights: bool = False,
+        return_heads: bool = False,
+    ) -> Tensor | HopfieldOutput:
+        """Retrieve.
+
+        Args:
+            input: ``x (B, N, input_size)`` for self-association, or the triple
+                ``(stored (B, S, ·), state (B, L, ·), projection (B, S, ·))``.
+            key_padding_mask: ``(B, S)``; ``True`` (or ``-inf``) marks stored patterns to ignore.
+            attn_mask: ``(L, S)`` or ``(B·H, L, S)``; ``True`` (or ``-inf``) forbids a pair.
+            causal: state ``i`` sees stored patterns ``j <= i + S - L`` only.
+            return_weights: also return the association weights of the last step.
+            return_heads: also return the per-head retrieved patterns.
+
+        Returns:
+            ``(B, L, output_size)``, or a :class:`HopfieldOutput` when weights or heads are asked for.
+        """
+        stored, state, projection = self._split_inputs(input)
+        q, k, v = self._project(stored, state, projection)
+        mask = _mha_masks_to_allowed(
+            key_padding_mask, attn_mask, q.shape[0], self.num_heads, q.shape[2], k.shape[2], q.dtype
+        )
+        if self.update_steps > 1:
+            q = self._iterate(q, k, mask, causal)
+        result = associate(
+            q,
+            k,
+            v,
+            separation=self.separation,
+            structure=self.structure,
+            scale=self.scale,
+            mask=mask,
+            causal=causal,
+            dropout=self.dropout,
+            training=self.training,
+            return_weights=return_weights,
+        )
+        heads, weights = result if isinstance(result, tuple) else (result, None)
+        if self.gate is not None:
+            heads = self.gate(state, heads)
+        merged = heads.transpose(1, 2).reshape(heads.shape[0], heads.shape[2], -1)
+        output = self.out_proj(merged) if self.out_proj is not None else merged
+        if not self.batch_first:
+            output = output.transpose(0, 1)
+        if return_weights or return_heads:
+            return HopfieldOutput(output, weights, heads if return_heads else None)
+        return output
+
+    def extra_repr(self) -> str:
+        return (
+            f"input_size={self.input_size}, num_heads={self.num_heads}, hidden_size={self.hidden_size}, "
+            f"pattern_size={self.pattern_size}, output_size={self.output_size}, static={self.static}, "
+            f"update_steps={self.update_steps}"
+        )
+
+
+class HopfieldPooling(nn.Module):
+    """Pooling by association: ``quantity`` learned state patterns retrieve from the input.
+
+    Args:
+        input_size: size of the input (stored) patterns.
+        quantity: number of learned state (query) patterns, i.e. of pooled outputs.
+        **kwargs: the :class:`Hopfield` arguments (``num_heads``, ``separation``, ...);
+            ``state_size`` sets the size of the learned patterns (default ``input_size``).
+
+    ``forward(input (B, S, input_size) | (stored, projection), key_padding_mask=...)`` returns
+    ``(B, quantity, output_size)``.
+    """
+
+    def __init__(self, input_size: int, quantity: int = 1, **kwargs: Any) -> None:
+        super().__init__()
+        self.quantity = _positive("quantity", quantity)
+        self.hopfield = self._make_hopfield(input_size, **kwargs)
+        factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        self.state_patterns = nn.Parameter(
+            torch.empty(1, quantity, self.hopfield.state_size, **factory)
+        )
+        self.reset_parameters()
+
+    @staticmethod
+    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
+        return Hopfield(input_size, **kwargs)
+
+    def reset_parameters(self) -> None:
+        """Learned state patterns ~ N(0, 0.02²); the association layer's own initialisation."""
+        nn.init.normal_(self.state_patterns, std=0.02)
+        self.hopfield.reset_parameters()
+
+    def forward(
+        self,
+        input: Tensor | tuple[Tensor, Tensor],
+        *,
+        key_padding_mask: Tensor | None = None,
+        return_weights: bool = False,
+        return_heads: bool = False,
+    ) -> Tensor | HopfieldOutput:
+        stored, projection = (input, input) if isinstance(input, Tensor) else input
+        batch = stored.shape[0 if self.hopfield.batch_first else 1]
+        state = self.state_patterns.expand(batch, -1, -1)
+        if not self.hopfield.batch_first:
+            state = state.transpose(0, 1)
+        return self.hopfield(
+            (stored, state, projection),
+            key_padding_mask=key_padding_mask,
+            return_weights=return_weights,
+            return_heads=return_heads,
+        )
+
+
+class HopfieldLayer(nn.Module):
+    """Lookup by association: the input state patterns retrieve from ``quantity`` learned memories.
+
+    Args:
+        input_size: size of the input (state) patterns.
+        quantity: number of learned stored patterns.
+        separate_targets: learn pattern projections (values) apart from the stored patterns
+            (keys); otherwise the stored patterns serve as both.
+        **kwargs: the :class:`Hopfield` arguments; ``stored_size`` / ``projection_size`` set the
+            sizes of the learned patterns (default ``input_size``).
+
+    ``forward(input (B, L, input_size))`` returns ``(B, L, output_size)``.
+    """
+
+    def __init__(
+        self, input_size: int, quantity: int, *, separate_targets: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__()
+        self.quantity = _positive("quantity", quantity)
+        self.hopfield = self._make_hopfield(input_size, **kwargs)
+        factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        self.stored_patterns = nn.Parameter(
+            torch.empty(1, quantity, self.hopfield.stored_size, **factory)
+        )
+        self.target_patterns: nn.Parameter | None = None
+        if separate_targets:
+            self.target_patterns = nn.Parameter(
+                torch.empty(1, quantity, self.hopfield.projection_size, **factory)
+            )
+        elif self.hopfield.stored_size != self.hopfield.projection_size:
+            raise ValueError("stored_size and projection_size differ: set separate_targets=True")
+        self.reset_parameters()
+
+    @staticmethod
+    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
+        return Hopfield(input_size, **kwargs)
+
+    def reset_parameters(self) -> None:
+        """Learned memories ~ N(0, 0.02²); the association layer's own initialisation."""
+        nn.init.normal_(self.stored_patterns, std=0.02)
+        if self.target_patterns is not None:
+            nn.init.normal_(self.target_patterns, std=0.02)
+        self.hopfield.reset_parameters()
+
+    def forward(
+        self,
+        input: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        return_weights: bool = False,
+        return_heads: bool = False,
+    ) -> Tensor | HopfieldOutput:
+        batch = input.shape[0 if self.hopfield.batch_first else 1]
+        stored = self.stored_patterns.expand(batch, -1, -1)
+        targets = self.target_patterns if self.target_patterns is not None else self.stored_patterns
+        projection = targets.expand(batch, -1, -1)
+        if not self.hopfield.batch_first:
+            stored, projection = stored.transpose(0, 1), projection.transpose(0, 1)
+        return self.hopfield(
+            (stored, input, projection),
+            attn_mask=attn_mask,
+            return_weights=return_weights,
+            return_heads=return_heads,
+        )
+
+
+class OutEffHop(Hopfield):
+    """The outlier-efficient Hopfield layer: :class:`Hopfield` with Softmax_1 by default."""
+
+    @staticmethod
+    def _default_separation() -> Separation:
+        return SoftmaxN(1.0)
+
+
+class OutEffHopPooling(HopfieldPooling):
+    """:class:`HopfieldPooling` with Softmax_1 by default."""
+
+    @staticmethod
+    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
+        return OutEffHop(input_size, **kwargs)
+
+
+class OutEffHopLayer(HopfieldLayer):
+    """:class:`HopfieldLayer` with Softmax_1 by default."""
+
+    @staticmethod
+    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
+        return OutEffHop(input_size, **kwargs)
