@@ -55,8 +55,10 @@ def normalize_scale(scale: float | Tensor | None, q: Tensor) -> Scale:
     heads = q.shape[1]
     if scale.dim() == 1 and scale.shape[0] == heads:
         scale = scale.view(heads, 1, 1)
+    target = (q.shape[0], heads, q.shape[2], 1)
     try:
-        torch.broadcast_shapes(scale.shape, (q.shape[0], heads, q.shape[2], 1))
+        if torch.broadcast_shapes(scale.shape, target) != target:
+            raise RuntimeError
     except RuntimeError:
         raise ValueError(
             f"scale must be a scalar, (H,) = ({heads},) or broadcastable to (B, H, L, 1), "

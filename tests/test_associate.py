@@ -1,0 +1,178 @@
+"""associate(): the fused path against the explicit reference path, masks, scale, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from hopfield.functional import (
+    ClippedSoftmax,
+    Entmax,
+    Separation,
+    Softmax,
+    SoftmaxN,
+    Sparsemax,
+    associate,
+    causal_mask,
+)
+
+B, H, L, S, E, EV = 2, 3, 5, 7, 4, 6
+
+
+def patterns(
+    length: int = L, size: int = S, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, ...]:
+    return (
+        torch.randn(B, H, length, E, dtype=dtype),
+        torch.randn(B, H, size, E, dtype=dtype),
+        torch.randn(B, H, size, EV, dtype=dtype),
+    )
+
+
+def reference(q, k, v, sep: Separation, scale, allowed: torch.Tensor | None):  # type: ignore[no-untyped-def]
+    """Written out by hand: scores, -inf outside the allowed set, separation, weighted sum."""
+    scores = scale * torch.einsum("bhle,bhse->bhls", q, k)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    return torch.einsum("bhls,bhsv->bhlv", sep(scores), v)
+
+
+def mask_kinds() -> dict[str, tuple[torch.Tensor | None, torch.Tensor | None, bool]]:
+    """name -> (mask passed to associate, equivalent boolean 'allowed' mask, causal)."""
+    padding = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    padding[0, ..., 4:] = False
+    random = torch.rand(B, H, L, S) > 0.3
+    full_row = random.clone()
+    full_row[1, 2, 3] = False
+    additive = torch.zeros(L, S, dtype=torch.float64).masked_fill(~random[0, 0], -math.inf)
+    causal = causal_mask(L, S)
+    return {
+        "none": (None, None, False),
+        "key_padding": (padding, padding, False),
+        "bool_2d": (random[0, 0], random[0, 0], False),
+        "bool_4d": (random, random, False),
+        "fully_masked_row": (full_row, full_row, False),
+        "additive": (additive, random[0, 0], False),
+        "causal": (None, causal, True),
+        "causal_and_padding": (padding, padding & causal, True),
+    }
+
+
+SEPARATIONS = [
+    Softmax(),
+    SoftmaxN(1),
+    SoftmaxN(2),
+    SoftmaxN(0.5),
+    Sparsemax(),
+    ClippedSoftmax(-0.1, 1.1),
+]
+
+
+@pytest.mark.parametrize("sep", SEPARATIONS, ids=lambda s: repr(s))
+@pytest.mark.parametrize("kind", list(mask_kinds()))
+def test_fast_path_equals_reference_values_and_gradients(sep: Separation, kind: str) -> None:
+    mask, allowed, causal = mask_kinds()[kind]
+    q, k, v = (t.requires_grad_(True) for t in patterns())
+    out = associate(q, k, v, separation=sep, mask=mask, causal=causal)
+    expected = reference(q, k, v, sep, 1 / math.sqrt(E), allowed)
+    assert isinstance(out, torch.Tensor)
+    assert not torch.isnan(out).any()
+    assert torch.allclose(out, expected, atol=1e-12)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for g, r in zip(grads, grads_ref, strict=True):
+        assert torch.allclose(g, r, atol=1e-10)
+
+
+def test_fully_masked_rows_give_zero_output_and_finite_gradients() -> None:
+    q, k, v = (t.requires_grad_(True) for t in patterns())
+    blocked = torch.zeros(B, 1, L, S, dtype=torch.bool)
+    for sep in (Softmax(), SoftmaxN(1), Sparsemax()):
+        out = associate(q, k, v, separation=sep, mask=blocked)
+        assert isinstance(out, torch.Tensor)
+        assert torch.equal(out, torch.zeros_like(out))
+        out.sum().backward()
+        assert q.grad is not None and bool(torch.isfinite(q.grad).all())
+
+
+def test_return_weights_rows_sum_as_the_map_says() -> None:
+    q, k, v = patterns()
+    _, w = associate(q, k, v, return_weights=True)
+    assert w is not None and w.shape == (B, H, L, S)
+    assert torch.allclose(w.sum(-1), torch.ones(B, H, L, dtype=w.dtype))
+    _, w1 = associate(q, k, v, separation=SoftmaxN(1), return_weights=True)
+    assert w1 is not None and bool((w1.sum(-1) < 1).all())
+
+
+def test_per_head_and_learnable_scale() -> None:
+    q, k, v = patterns()
+    scale = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    for sep in (Softmax(), SoftmaxN(1), Sparsemax()):
+        out = associate(q, k, v, separation=sep, scale=scale)
+        assert isinstance(out, torch.Tensor)
+        for h in range(H):
+            expected = reference(
+                q[:, h : h + 1],
+                k[:, h : h + 1],
+                v[:, h : h + 1],
+                sep,
+                float(scale[h].detach()),
+                None,
+            )
+            assert torch.allclose(out[:, h : h + 1], expected, atol=1e-12)
+        out.sum().backward()
+        assert scale.grad is not None and bool((scale.grad != 0).all())
+        scale.grad = None
+
+
+def test_gradcheck_through_fused_and_explicit_paths() -> None:
+    q, k, v = (t[:1, :2, :3].clone().requires_grad_(True) for t in patterns())
+    keep = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    keep[..., 0, 1:] = False
+    for sep in (Softmax(), SoftmaxN(1), Sparsemax(), Entmax(1.5)):
+        assert gradcheck(lambda a, b, c: associate(a, b, c, separation=sep, mask=keep), (q, k, v))
+
+
+def test_dropout_only_in_training() -> None:
+    q, k, v = patterns()
+    clean = associate(q, k, v)
+    assert torch.equal(associate(q, k, v, dropout=0.5, training=False), clean)  # type: ignore[arg-type]
+    assert not torch.allclose(associate(q, k, v, dropout=0.5), clean)  # type: ignore[arg-type]
+
+
+def test_half_precision_and_extreme_scores_stay_finite() -> None:
+    q, k, v = patterns(dtype=torch.float32)
+    for sep in (Softmax(), SoftmaxN(1), Sparsemax()):
+        out = associate(q * 1e3, k * 1e3, v, separation=sep)
+        assert isinstance(out, torch.Tensor) and bool(torch.isfinite(out).all())
+        half = associate(q.bfloat16(), k.bfloat16(), v.bfloat16(), separation=sep)
+        assert isinstance(half, torch.Tensor) and half.dtype == torch.bfloat16
+        assert bool(torch.isfinite(half).all())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"q": torch.randn(2, 3, 4)}, ValueError, "q must be 4-D"),
+        ({"k": torch.randn(B, H, S, E + 1)}, ValueError, "pattern size E"),
+        ({"v": torch.randn(B, H, S + 1, EV)}, ValueError, "same number of memories"),
+        ({"v": torch.randn(B, H + 1, S, EV)}, ValueError, "share \\(B, H\\)"),
+        ({"mask": torch.ones(3, 3, dtype=torch.bool)}, ValueError, "mask of shape"),
+        ({"mask": torch.ones(L, S, dtype=torch.long)}, TypeError, "mask must be boolean"),
+        ({"scale": torch.ones(H + 1)}, ValueError, "scale must be"),
+        ({"separation": "softmax"}, TypeError, "separation must be a Separation"),
+        ({"structure": Softmax()}, TypeError, "structure must be a Structure"),
+        ({"dropout": 1.5}, ValueError, "dropout must lie"),
+        ({"q": torch.randn(B, H, L, E, dtype=torch.float64)}, TypeError, "share a dtype"),
+    ],
+)
+def test_bad_input_raises_clear_errors(kwargs: dict, error: type, match: str) -> None:
+    q, k, v = patterns(dtype=torch.float32)
+    args = {"q": q, "k": k, "v": v, **kwargs}
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with pytest.raises(error, match=match):
+        associate(q, k, v, **args)

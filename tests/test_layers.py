@@ -1,0 +1,296 @@
+"""Hopfield layers against nn.MultiheadAttention and hand-written retrieval; gates; validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hopfield.functional import Softmax, SoftmaxN, Sparsemax
+from hopfield.nn import (
+    GatedAttention,
+    Hopfield,
+    HopfieldLayer,
+    HopfieldOutput,
+    HopfieldPooling,
+    OutEffHop,
+    OutEffHopLayer,
+    OutEffHopPooling,
+)
+
+D, HEADS = 16, 4
+F64 = torch.float64
+
+
+def copy_mha_weights(mha: nn.MultiheadAttention, hop: Hopfield) -> None:
+    assert hop.q_proj is not None and hop.k_proj is not None and hop.v_proj is not None
+    assert (
+        hop.out_proj is not None and mha.in_proj_weight is not None and mha.in_proj_bias is not None
+    )
+    with torch.no_grad():
+        for i, proj in enumerate((hop.q_proj, hop.k_proj, hop.v_proj)):
+            proj.weight.copy_(mha.in_proj_weight[i * D : (i + 1) * D])
+            assert proj.bias is not None
+            proj.bias.copy_(mha.in_proj_bias[i * D : (i + 1) * D])
+        hop.out_proj.weight.copy_(mha.out_proj.weight)
+        assert hop.out_proj.bias is not None
+        hop.out_proj.bias.copy_(mha.out_proj.bias)
+
+
+def pair(add_zero_attn: bool = False) -> tuple[nn.MultiheadAttention, Hopfield]:
+    mha = nn.MultiheadAttention(D, HEADS, batch_first=True, add_zero_attn=add_zero_attn, dtype=F64)
+    hop = (OutEffHop if add_zero_attn else Hopfield)(D, HEADS, dtype=F64)
+    copy_mha_weights(mha, hop)
+    return mha, hop
+
+
+def masks() -> dict[str, dict[str, torch.Tensor]]:
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, 5:] = True
+    banned = torch.rand(7, 7) > 0.7
+    banned.fill_diagonal_(False)
+    additive = torch.zeros(7, 7, dtype=F64).masked_fill(banned, -math.inf)
+    return {
+        "none": {},
+        "key_padding": {"key_padding_mask": padding},
+        "attn_bool": {"attn_mask": banned},
+        "attn_float": {"attn_mask": additive},
+        "both": {"key_padding_mask": padding, "attn_mask": banned},
+    }
+
+
+@pytest.mark.parametrize("add_zero_attn", [False, True], ids=["softmax", "softmax1"])
+@pytest.mark.parametrize("kind", list(masks()))
+def test_matches_multihead_attention(add_zero_attn: bool, kind: str) -> None:
+    mha, hop = pair(add_zero_attn)
+    x = torch.randn(3, 7, D, dtype=F64)
+    kwargs = masks()[kind]
+    expected, expected_w = mha(x, x, x, **kwargs, average_attn_weights=False)
+    out = hop(x, **kwargs)
+    assert torch.allclose(out, expected, atol=1e-12)
+    result = hop(x, **kwargs, return_weights=True)
+    assert isinstance(result, HopfieldOutput) and result.weights is not None
+    width = result.weights.shape[-1]
+    assert torch.allclose(result.weights, expected_w[..., :width], atol=1e-12)
+
+
+def test_causal_matches_multihead_attention_with_causal_mask() -> None:
+    mha, hop = pair()
+    x = torch.randn(2, 6, D, dtype=F64)
+    banned = ~torch.ones(6, 6, dtype=torch.bool).tril()
+    assert torch.allclose(hop(x, causal=True), mha(x, x, x, attn_mask=banned)[0], atol=1e-12)
+
+
+def test_cross_association_and_not_batch_first() -> None:
+    mha = nn.MultiheadAttention(D, HEADS, dtype=F64)
+    hop = Hopfield(D, HEADS, batch_first=False, dtype=F64)
+    copy_mha_weights(mha, hop)
+    stored, state = torch.randn(9, 2, D, dtype=F64), torch.randn(4, 2, D, dtype=F64)
+    out = hop((stored, state, stored))
+    assert torch.allclose(out, mha(state, stored, stored)[0], atol=1e-12)
+
+
+@pytest.mark.parametrize("sep", [Softmax(), SoftmaxN(1), Sparsemax()], ids=repr)
+def test_static_one_step_is_memory_retrieval_by_hand(sep: nn.Module) -> None:
+    beta, d, m = 2.0, 8, 12
+    memories = torch.randn(1, m, d, dtype=F64)  # rows are xi_mu
+    queries = torch.randn(1, 5, d, dtype=F64)
+    layer = Hopfield(d, static=True, separation=sep, scale=beta, dtype=F64)  # type: ignore[arg-type]
+    out = layer((memories, queries, memories))
+    xi = memories[0].T  # (d, M): columns are memories
+    for i in range(5):
+        x = queries[0, i]
+        expected = xi @ sep(beta * xi.T @ x)
+        assert torch.allclose(out[0, i], expected, atol=1e-12)
+    assert sum(p.numel() for p in layer.parameters()) == 0
+
+
+def test_iterated_retrieval_reaches_a_fixed_point_and_stops_per_head() -> None:
+    d, m = 16, 6
+    memories = torch.nn.functional.normalize(torch.randn(1, m, d, dtype=F64), dim=-1) * 4
+    noisy = memories[:, :3] + 0.3 * torch.randn(1, 3, d, dtype=F64)
+    layer = Hopfield(d, static=True, scale=1.0, update_steps=50, update_eps=1e-10, dtype=F64)
+    out = layer((memories, noisy, memories))
+    again = Hopfield(d, static=True, scale=1.0, dtype=F64)((memories, out, memories))
+    assert torch.allclose(out, again, atol=1e-8)  # a fixed point of T
+    assert torch.allclose(out, memories[:, :3], atol=1e-3)  # the stored patterns themselves
+    one_step = Hopfield(d, static=True, scale=1.0, dtype=F64)((memories, noisy, memories))
+    assert (out - memories[:, :3]).norm() < (one_step - memories[:, :3]).norm()
+
+
+def test_tied_values_are_a_projection_of_projected_keys() -> None:
+    hop = Hopfield(D, HEADS, tie_values_to_keys=True, pattern_size=3, dtype=F64)
+    assert hop.v_proj is not None and hop.v_proj.in_features == D
+    y, r = torch.randn(2, 5, D, dtype=F64), torch.randn(2, 4, D, dtype=F64)
+    out = hop((y, r, torch.zeros_like(y)), return_heads=True)
+    assert isinstance(out, HopfieldOutput) and out.heads is not None
+    assert out.heads.shape == (2, HEADS, 4, 3)
+    assert hop.k_proj is not None
+    v = hop.v_proj(hop.k_proj(y)).view(2, 5, HEADS, 3).transpose(1, 2)
+    q = hop.q_proj(r).view(2, 4, HEADS, 4).transpose(1, 2)  # type: ignore[misc]
+    k = hop.k_proj(y).view(2, 5, HEADS, 4).transpose(1, 2)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v
+    assert torch.allclose(out.heads, expected, atol=1e-12)
+
+
+def test_separate_sizes_normalisation_and_learnable_scale() -> None:
+    hop = Hopfield(
+        12,
+        3,
+        hidden_size=5,
+        pattern_size=7,
+        output_size=9,
+        stored_size=10,
+        state_size=12,
+        projection_size=8,
+        normalize_inputs=True,
+        normalize_hopfield_space=True,
+        scale=[0.5, 1.0, 2.0],
+        scale_learnable=True,
+    )
+    stored, state, proj = torch.randn(2, 6, 10), torch.randn(2, 4, 12), torch.randn(2, 6, 8)
+    out = hop((stored, state, proj))
+    assert out.shape == (2, 4, 9)
+    out.sum().backward()
+    assert isinstance(hop.scale, nn.Parameter) and hop.scale.grad is not None
+    assert torch.allclose(hop.scale.detach(), torch.tensor([0.5, 1.0, 2.0]))
+
+
+def test_pooling_and_lookup_layers() -> None:
+    x = torch.randn(3, 8, D)
+    pad = torch.zeros(3, 8, dtype=torch.bool)
+    pad[1, 4:] = True
+    pool = HopfieldPooling(D, quantity=2, num_heads=HEADS)
+    out = pool(x, key_padding_mask=pad)
+    assert out.shape == (3, 2, D)
+    changed = x.clone()
+    changed[1, 4:] = 100.0  # padded entries must not matter
+    assert torch.allclose(pool(changed, key_padding_mask=pad), out, atol=1e-6)
+    direct = pool.hopfield((x, pool.state_patterns.expand(3, -1, -1), x), key_padding_mask=pad)
+    assert torch.allclose(out, direct)
+
+    lookup = HopfieldLayer(D, quantity=5, num_heads=HEADS, separate_targets=True)
+    res = lookup(x, return_weights=True)
+    assert isinstance(res, HopfieldOutput) and res.output.shape == (3, 8, D)
+    assert res.weights is not None and res.weights.shape == (3, HEADS, 8, 5)
+    assert isinstance(OutEffHopPooling(D).hopfield.separation, SoftmaxN)
+    assert isinstance(OutEffHopLayer(D, 3).hopfield.separation, SoftmaxN)
+
+
+def test_dropout_in_training_only() -> None:
+    hop = Hopfield(D, HEADS, dropout=0.5)
+    x = torch.randn(2, 10, D)
+    hop.eval()
+    first = hop(x)
+    assert torch.equal(first, hop(x))
+    hop.train()
+    assert not torch.allclose(first, hop(x))
+
+
+@pytest.mark.parametrize(
+    ("kind", "hidden", "per_head_params"),
+    [("conditional_per_token", 16, 1057), ("conditional_per_token", None, 65)],
+)
+def test_gate_parameter_counts_of_the_paper(
+    kind: str, hidden: int | None, per_head_params: int
+) -> None:
+    gate = GatedAttention(768, 12, kind=kind, hidden=hidden)
+    assert sum(p.numel() for p in gate.parameters()) == 12 * per_head_params
+
+
+def test_gates_start_at_pi_init_and_scale_heads() -> None:
+    x = torch.randn(2, 5, D)
+    for kind in ("per_head", "conditional_per_head", "conditional_per_token"):
+        gate = GatedAttention(D, HEADS, kind=kind, pi_init=0.25)
+        if kind != "per_head":
+            with torch.no_grad():
+                gate.weights[-1].zero_()
+        probs = gate.probabilities(x)
+        assert torch.allclose(probs, torch.full_like(probs, 0.25))
+    gate = GatedAttention(D, HEADS, hidden=4)
+    heads = torch.randn(2, HEADS, 5, 3)
+    chunk = x.view(2, 5, HEADS, 4)
+    h = 1
+    w0, b0, w1, b1 = gate.weights[0][h], gate.biases[0][h], gate.weights[1][h], gate.biases[1][h]
+    expected = torch.sigmoid(torch.relu(chunk[:, :, h] @ w0 + b0) @ w1 + b1)  # (2, 5, 1)
+    assert torch.allclose(gate(x, heads)[:, h], heads[:, h] * expected, atol=1e-6)
+
+
+def test_gated_hopfield_applies_gate_before_out_projection() -> None:
+    gate = GatedAttention(D, HEADS, pi_init=0.5)
+    hop = Hopfield(D, HEADS, gate=gate)
+    with torch.no_grad():
+        gate.weights[0].zero_()
+    x = torch.randn(2, 5, D)
+    gated = hop(x, return_heads=True)
+    assert isinstance(gated, HopfieldOutput) and gated.heads is not None
+    hop.gate = None
+    plain = hop(x, return_heads=True)
+    assert isinstance(plain, HopfieldOutput) and plain.heads is not None
+    assert torch.allclose(gated.heads, 0.5 * plain.heads, atol=1e-6)
+
+
+def test_state_dict_round_trip_and_reset_parameters() -> None:
+    hop = OutEffHop(
+        D, HEADS, scale_learnable=True, normalize_inputs=True, gate=GatedAttention(D, HEADS)
+    )
+    clone = OutEffHop(
+        D, HEADS, scale_learnable=True, normalize_inputs=True, gate=GatedAttention(D, HEADS)
+    )
+    clone.load_state_dict(hop.state_dict())
+    x = torch.randn(2, 5, D)
+    assert torch.equal(hop(x), clone(x))
+    before = hop.q_proj.weight.clone()  # type: ignore[union-attr]
+    hop.reset_parameters()
+    assert not torch.equal(before, hop.q_proj.weight)  # type: ignore[union-attr]
+
+
+def test_factory_arguments() -> None:
+    hop = Hopfield(D, HEADS, dtype=F64, normalize_inputs=True)
+    assert all(p.dtype == F64 for p in hop.parameters())
+    assert HopfieldPooling(D, 2, dtype=F64).state_patterns.dtype == F64
+
+
+def test_torch_compile_smoke() -> None:
+    hop = OutEffHop(D, HEADS)
+    compiled = torch.compile(hop, backend="aot_eager")
+    x = torch.randn(2, 5, D)
+    assert torch.allclose(compiled(x), hop(x), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: Hopfield(10, 3), ValueError, "divisible by num_heads"),
+        (lambda: Hopfield(0), ValueError, "input_size must be a positive int"),
+        (lambda: Hopfield(8, update_steps=0), ValueError, "update_steps"),
+        (lambda: Hopfield(8, dropout=1.0), ValueError, "dropout"),
+        (lambda: Hopfield(8, scale=-1.0), ValueError, "scale must be positive"),
+        (lambda: Hopfield(8, 2, scale=[1.0]), ValueError, "scale must be a float or 2"),
+        (lambda: Hopfield(8, static=True, hidden_size=4), ValueError, "static=True"),
+        (lambda: Hopfield(8, separation="softmax"), TypeError, "separation"),  # type: ignore[arg-type]
+        (lambda: Hopfield(8, 2, gate=GatedAttention(8, 4)), ValueError, "gate must have"),
+        (lambda: GatedAttention(8, 2, kind="x"), ValueError, "kind must be"),
+        (lambda: GatedAttention(8, 2, pi_init=1.5), ValueError, "pi_init"),
+        (lambda: HopfieldLayer(8, 3, projection_size=4), ValueError, "separate_targets"),
+    ],
+)
+def test_bad_construction_raises(make, error: type, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_bad_forward_input_raises() -> None:
+    hop = Hopfield(D, HEADS)
+    with pytest.raises(ValueError, match="last dim 16"):
+        hop(torch.randn(2, 5, D + 1))
+    with pytest.raises(ValueError, match="3-D"):
+        hop(torch.randn(5, D))
+    with pytest.raises(TypeError, match="tuple"):
+        hop([torch.randn(2, 5, D)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        hop(torch.randn(2, 5, D), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        hop(torch.randn(2, 5, D), attn_mask=torch.zeros(3, 5, dtype=torch.bool))
