@@ -134,7 +134,9 @@ def test_gradcheck_through_fused_and_explicit_paths() -> None:
     keep = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     keep[..., 0, 1:] = False
     for sep in (Softmax(), SoftmaxN(1), Sparsemax(), Entmax(1.5)):
-        assert gradcheck(lambda a, b, c: associate(a, b, c, separation=sep, mask=keep), (q, k, v))
+        assert gradcheck(
+            lambda a, b, c, sep=sep: associate(a, b, c, separation=sep, mask=keep), (q, k, v)
+        )
 
 
 def test_dropout_only_in_training() -> None:
