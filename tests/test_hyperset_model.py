@@ -1,0 +1,352 @@
+"""Hyper-SET: energies vs analytic updates, symmetry, sphere, identity at init, parameter counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hopfield.nn.hyperset import (
+    HyperSETEncoder,
+    HyperSETLayer,
+    SharedTransformerEncoder,
+    StepSizeNetwork,
+    count_parameters,
+    flops_per_iteration,
+)
+from hopfield.nn.hyperset_energy import (
+    ATTENTION_KINDS,
+    FEEDFORWARD_KINDS,
+    attention_energy,
+    attention_energy_of_projections,
+    attention_operator,
+    attention_update,
+    average_angle,
+    effective_rank,
+    feedforward_energy,
+    feedforward_update,
+    gelu_integral,
+    sinusoidal_positions,
+    sinusoidal_positions_2d,
+    split_heads,
+    time_embedding,
+)
+from hopfield.nn.hyperset_models import (
+    image_classifier,
+    masked_token_loss,
+    masked_token_model,
+    patchify,
+    sudoku_model,
+)
+
+D64 = torch.float64
+
+
+def _random(b: int = 2, n: int = 7, d: int = 12, h: int = 3, m: int = 16):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(b, n, d, generator=g, dtype=D64)
+    w = torch.randn(d, d, generator=g, dtype=D64) / math.sqrt(d)
+    dm = torch.randn(m, d, generator=g, dtype=D64) / math.sqrt(d)
+    return x, w, dm, h
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
+def test_attention_update_is_energy_gradient(kind: str) -> None:
+    x, w, _, h = _random()
+    x.requires_grad_(True)
+    (grad,) = torch.autograd.grad(attention_energy(x, w, h, kind, normalize=False).sum(), x)
+    analytic = attention_update(x.detach(), w, h, kind, normalize=False)
+    torch.testing.assert_close(analytic, grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", FEEDFORWARD_KINDS)
+def test_feedforward_update_is_negative_energy_gradient(kind: str) -> None:
+    x, _, dm, _ = _random()
+    x.requires_grad_(True)
+    (grad,) = torch.autograd.grad(feedforward_energy(x, dm, kind, normalize=False).sum(), x)
+    analytic = feedforward_update(x.detach(), dm, kind, normalize=False)
+    torch.testing.assert_close(analytic, -grad, rtol=1e-10, atol=1e-10)
+
+
+def test_gelu_integral_derivative_is_gelu() -> None:
+    u = torch.linspace(-5, 5, 41, dtype=D64, requires_grad=True)
+    (grad,) = torch.autograd.grad(gelu_integral(u).sum(), u)
+    torch.testing.assert_close(grad, F.gelu(u.detach()))
+    assert gelu_integral(torch.zeros(1, dtype=D64)).item() == pytest.approx(0.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
+def test_normalised_update_is_gradient_on_the_sphere_with_jacobian_dropped(kind: str) -> None:
+    """Eq. (9): the energy gradient w.r.t. the normalised projections, back-projected by W."""
+    x, w, _, h = _random()
+    zn = F.rms_norm(split_heads(x @ w.T, h), (w.shape[0] // h,)).requires_grad_(True)
+    (gz,) = torch.autograd.grad(attention_energy_of_projections(zn, kind).sum(), zn)
+    expected = gz.transpose(1, 2).reshape(x.shape) @ w
+    torch.testing.assert_close(attention_update(x, w, h, kind), expected)
+
+
+def test_layer_steps_match_functional_updates() -> None:
+    x, w, dm, h = _random()
+    for attention in ATTENTION_KINDS:
+        for ff in FEEDFORWARD_KINDS:
+            layer = HyperSETLayer(12, h, 16, attention=attention, feedforward=ff, dtype=D64)
+            with torch.no_grad():
+                layer.qkv.weight.copy_(w)
+                layer.mlp.weight.copy_(dm)
+            torch.testing.assert_close(
+                layer.attention_step(x), attention_update(x, w, h, attention)
+            )
+            torch.testing.assert_close(layer.feedforward_step(x), feedforward_update(x, dm, ff))
+            e_attn, e_ff = layer.energies(x)
+            torch.testing.assert_close(e_attn, attention_energy(x, w, h, attention))
+            torch.testing.assert_close(e_ff, feedforward_energy(x, dm, ff))
+    # one iteration is exactly the two sub-steps with the given step sizes
+    alpha, gamma = torch.rand(2, *x.shape, dtype=D64)
+    y = layer(x, alpha, gamma)
+    mid = x - alpha * layer.attention_step(x)
+    torch.testing.assert_close(y, mid + gamma * layer.feedforward_step(mid))
+
+
+def test_bisoftmax_symmetry_and_single_softmax() -> None:
+    x, w, _, h = _random()
+    z = F.rms_norm(split_heads(x @ w.T, h), (4,))
+    scores = z @ z.transpose(-1, -2) / 2.0
+    torch.testing.assert_close(scores, scores.transpose(-1, -2))
+    torch.testing.assert_close(
+        torch.softmax(scores, dim=-2), torch.softmax(scores, dim=-1).transpose(-1, -2)
+    )
+    fast = attention_operator(z, z, z, symmetric=True)
+    slow = attention_operator(z, z, z, symmetric=False)
+    torch.testing.assert_close(fast, slow)
+
+
+def test_sphere_radius_of_normalised_projections() -> None:
+    layer = HyperSETLayer(16, 4, 24, dtype=D64)
+    x = torch.randn(3, 5, 16, dtype=D64) * 7.0
+    zq, zk, zv = layer.projections(x)
+    assert zq is zk is zv  # one shared norm: Q = K = V
+    torch.testing.assert_close(zq.norm(dim=-1), torch.full((3, 4, 5), 2.0, dtype=D64))
+    u = layer.ff_norm(layer.mlp(x))
+    torch.testing.assert_close(u.norm(dim=-1), torch.full((3, 5), math.sqrt(24), dtype=D64))
+    separate = HyperSETLayer(16, 4, separate_qkv_norms=True)
+    assert len(separate.qkv_norms) == 3
+
+
+@pytest.mark.parametrize("style", ["plain", "normed", "direct"])
+@pytest.mark.parametrize("condition", ["input", "state"])
+def test_zero_initialised_step_sizes_make_the_encoder_the_identity(
+    style: str, condition: str
+) -> None:
+    enc = HyperSETEncoder(
+        16,
+        2,
+        32,
+        iterations=4,
+        num_layers=2,
+        step_style=style,
+        condition=condition,
+        time_frequency=16,
+    )
+    x0 = torch.randn(2, 5, 16)
+    assert torch.equal(enc(x0), x0)
+    assert torch.equal(enc(x0, iterations=10), x0)  # test-time extrapolation too
+    states, steps = enc.trajectory(x0)
+    assert len(states) == 4 and all(torch.equal(s, x0) for s in states)
+    assert all(float(a.abs().max()) == 0.0 and float(g.abs().max()) == 0.0 for a, g in steps)
+
+
+def test_learned_steps_receive_gradient_and_change_the_state() -> None:
+    enc = HyperSETEncoder(8, 2, iterations=3, time_frequency=8)
+    x0 = torch.randn(2, 4, 8)
+    enc(x0).square().sum().backward()
+    step = enc.step_sizes.step  # type: ignore[union-attr]
+    assert step.weight.grad is not None and step.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        step.bias.fill_(0.1)
+    assert not torch.allclose(enc(x0), x0)
+
+
+def test_fixed_step_and_multi_layer_schedule() -> None:
+    enc = HyperSETEncoder(8, 2, iterations=4, num_layers=2, step_size=0.1, dtype=D64)
+    assert enc.step_sizes is None
+    x0 = torch.randn(1, 3, 8, dtype=D64)
+    layers = enc.hyperset_layers()
+    x = x0
+    for layer in (layers[0], layers[0], layers[1], layers[1]):
+        x = layer(x, 0.1, 0.1)
+    torch.testing.assert_close(enc(x0), x)
+    assert enc.layer_at(1) is layers[0] and enc.layer_at(2) is layers[1]
+    with pytest.raises(ValueError, match="num_layers"):
+        enc(x0, iterations=5)
+
+
+def test_time_embedding_matches_code_formula() -> None:
+    emb = time_embedding(torch.tensor([1, 3]), 8)
+    omega = torch.exp(-torch.arange(4, dtype=D64) * math.log(10000.0) / 3)
+    torch.testing.assert_close(emb[1], torch.cat([torch.sin(3 * omega), torch.cos(3 * omega)]))
+    pe = sinusoidal_positions(5, 6)
+    assert pe[0, 1] == 1.0 and pe[2, 0] == pytest.approx(math.sin(2.0))
+    assert sinusoidal_positions_2d(3, 4, 8).shape == (12, 8)
+
+
+def test_lora_adapters_per_iteration() -> None:
+    enc = HyperSETEncoder(8, 2, 8, iterations=3, lora_rank=2, step_size=0.5, dtype=D64)
+    assert enc.lora_scale / enc.lora_rank == 4.0
+    assert (
+        count_parameters(enc)
+        - count_parameters(HyperSETEncoder(8, 2, 8, iterations=3, step_size=0.5))
+        == 2 * 2 * 8 * 2 * 3
+    )
+    x0 = torch.randn(1, 3, 8, dtype=D64)
+    layer = enc.hyperset_layers()[0]
+    x = x0
+    for t in range(3):
+        dw = 4.0 * enc.lora_attn_b[t] @ enc.lora_attn_a[t]
+        dd = 4.0 * enc.lora_ff_b[t] @ enc.lora_ff_a[t]
+        x = x - 0.5 * layer.attention_step(x, dw)
+        x = x + 0.5 * layer.feedforward_step(x, dd)
+    torch.testing.assert_close(enc(x0), x)
+    with pytest.raises(ValueError, match="LoRA"):
+        enc(x0, iterations=4)
+
+
+def test_effective_rank_and_angle() -> None:
+    eye = torch.eye(4, dtype=D64)
+    assert effective_rank(eye).item() == pytest.approx(4.0)
+    assert effective_rank(torch.ones(5, 3, dtype=D64)).item() == pytest.approx(1.0)
+    assert average_angle(eye).item() == pytest.approx(90.0)
+    pair = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=D64)
+    assert average_angle(pair, "mean_of_arccos").item() == pytest.approx(60.0)
+    assert average_angle(pair).item() == pytest.approx(math.degrees(math.acos((2 / 2**0.5) / 3)))
+
+
+def test_transformer_baseline_shapes_and_sharing() -> None:
+    enc = SharedTransformerEncoder(16, 4, iterations=3)
+    x0 = torch.randn(2, 5, 16)
+    y, states = enc(x0, return_states=True)
+    assert y.shape == x0.shape and len(states) == 3
+    assert count_parameters(enc) == 2 * 16 + 4 * 16**2 + 2 * 16 * 64
+    assert flops_per_iteration("transformer", 5, 16, 64) > flops_per_iteration(
+        "hyperset", 5, 16, 16
+    )
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="num_heads"):
+        HyperSETLayer(10, 3)
+    with pytest.raises(ValueError, match="attention"):
+        HyperSETLayer(8, 2, attention="cosine")
+    with pytest.raises(ValueError, match="frequency"):
+        StepSizeNetwork(8, 16, style="direct")
+    with pytest.raises(TypeError, match="step_size"):
+        HyperSETEncoder(8, 2, step_size="big")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="x must have shape"):
+        HyperSETLayer(8, 2).attention_step(torch.randn(2, 3, 9))
+    with pytest.raises(ValueError, match="arch"):
+        sudoku_model("rnn")
+
+
+# Spec §4.5: every paper parameter count, reproduced exactly.
+PAPER_COUNTS = [
+    ("sudoku hyperset", lambda: sudoku_model(), 5_195_584),
+    ("sudoku transformer", lambda: sudoku_model("transformer"), 7_156_992),
+    ("cifar10 small", lambda: image_classifier(), 962_218),
+    ("cifar100 small", lambda: image_classifier(num_classes=100), 996_868),
+    ("in100 small", lambda: image_classifier(num_classes=100, image_size=224, grid=16), 1_205_308),
+    ("cifar10 scale-up", lambda: image_classifier(d_model=512, num_heads=8), 1_610_538),
+    (
+        "cifar100 scale-up",
+        lambda: image_classifier(d_model=512, num_heads=8, num_classes=100),
+        1_656_708,
+    ),
+    (
+        "cifar100 scale-up L2",
+        lambda: image_classifier(d_model=512, num_heads=8, num_classes=100, num_layers=2),
+        2_181_700,
+    ),
+    (
+        "in100 scale-up",
+        lambda: image_classifier(
+            d_model=512, num_heads=8, num_classes=100, image_size=224, grid=16
+        ),
+        1_934_268,
+    ),
+    *[
+        (
+            f"in100 scale-up lora{r}",
+            (
+                lambda r=r: image_classifier(
+                    d_model=512,
+                    num_heads=8,
+                    num_classes=100,
+                    image_size=224,
+                    grid=16,
+                    lora_rank=r,
+                )
+            ),
+            expected,
+        )
+        for r, expected in [(4, 2_032_572), (8, 2_130_876), (16, 2_327_484), (32, 2_720_700)]
+    ],
+    (
+        "cifar100 base",
+        lambda: image_classifier(d_model=768, num_heads=12, num_classes=100),
+        3_467_908,
+    ),
+    ("cifar10 transformer", lambda: image_classifier("transformer"), 1_794_826),
+    ("cifar100 transformer", lambda: image_classifier("transformer", num_classes=100), 1_829_476),
+    (
+        "cifar10 d1536 F=d",
+        lambda: image_classifier(d_model=1536, num_heads=12, time_frequency=1536),
+        14_268_394,
+    ),
+    (
+        "cifar10 transformer d1152",
+        lambda: image_classifier("transformer", d_model=1152, num_heads=12),
+        16_001_290,
+    ),
+    ("mim hyperset", lambda: masked_token_model(), 3_937_856),
+    ("mim hyperset 8d", lambda: masked_token_model(ff_ratio=8.0), 8_072_000),
+    ("mim transformer", lambda: masked_token_model("transformer"), 8_654_848),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "expected"), PAPER_COUNTS, ids=[c[0] for c in PAPER_COUNTS]
+)
+def test_paper_parameter_counts(name: str, build, expected: int) -> None:  # type: ignore[no-untyped-def]
+    with torch.device("meta"):
+        model = build()
+    assert count_parameters(model) == expected
+
+
+def test_task_models_forward() -> None:
+    sudoku = sudoku_model(d_model=16, num_heads=2, iterations=2, time_frequency=8)
+    puzzles = torch.randint(0, 10, (3, 81))
+    assert sudoku(puzzles).shape == (3, 81, 9)
+    _, states = sudoku(puzzles, iterations=3, return_states=True)
+    assert len(states) == 3
+    with pytest.raises(ValueError, match=r"0\.\.9"):
+        sudoku(puzzles + 10)
+    clf = image_classifier(
+        num_classes=4,
+        image_size=8,
+        in_channels=1,
+        grid=4,
+        d_model=16,
+        num_heads=2,
+        iterations=2,
+        time_frequency=8,
+    )
+    assert clf(torch.rand(5, 1, 8, 8)).shape == (5, 4)
+    img = torch.arange(16.0).reshape(1, 1, 4, 4)
+    assert patchify(img, 2)[0, 1].tolist() == [2.0, 3.0, 6.0, 7.0]
+    mim = masked_token_model(codebook_size=6, grid=2, d_model=16, num_heads=2, iterations=2)
+    codes = torch.randint(0, 7, (2, 4))
+    out = mim(codes)
+    assert out.shape == (2, 4, 6)
+    masked = codes == 6
+    loss = masked_token_loss(out, torch.randint(0, 6, (2, 4)), masked | True)
+    assert loss.ndim == 0 and loss > 0
