@@ -1,0 +1,732 @@
+"""Efficient structures: top-K, random-masked and sliding-window association (sparse-structured).
+
+These are the sparse-structured modern Hopfield models of Hu et al. (ICML 2025, Theorem 3.2):
+``T(x) = Σ_{µ∈𝓜(x)} ξ_µ Sep(β Ξ_𝓜ᵀ x)_µ``, where the separation runs over the memories in the
+support 𝓜(x) only. Excluded memories get weight exactly 0: their scores are ``-inf``, never 0.
+Each structure computes only the scores it needs (gathered or block-local), so the retrieval
+costs ``O(L·k·d)`` (random mask), ``O(L·w·d)`` (window) or ``O(L·S·d)`` scores plus
+``O(L·K·d)`` aggregation (top-K) without an ``L × S`` matrix in memory.
+
+The kernel structures (linear and random features) live in
+:mod:`hopfield.functional.efficient_kernel`.
+
+All structures take the normalised arguments described in :mod:`hopfield.functional.structures`:
+``q (B, H, L, E)``, ``k (B, H, S, E)``, ``v (B, H, S, Ev)``, ``scale`` (float or tensor
+broadcastable to ``(B, H, L, 1)``), ``mask`` (``None``, boolean with ``True`` = may take part, or
+additive float; broadcastable to ``(B, H, L, S)``), ``causal`` (query ``i`` sees keys
+``j <= i + S - L``), ``dropout`` and ``return_weights``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hopfield.functional.separation import Separation
+from hopfield.functional.structures import Dense, Scale, Structure
+
+__all__ = ["RandomMask", "TopK", "Window"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers: masks as additive biases, gathering keys, the gathered association
+# ------------------------------------------------------------------------------------------------
+
+
+def additive_bias(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``mask`` as a 4-D additive bias: 0 where a key may take part, ``-inf`` where it may not.
+
+    Boolean masks (``True`` = may take part) become ``0 / -inf``; float masks are cast to ``dtype``.
+    The shape stays broadcastable to ``(B, H, L, S)`` (no expansion).
+    """
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        return torch.where(mask, zero, torch.full_like(zero, -math.inf))
+    return mask.to(dtype)
+
+
+def _as_4d(t: Tensor) -> Tensor:
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+
+
+def _rows(t: Tensor | float, start: int, stop: int, length: int) -> Tensor | float:
+    """Rows ``start:stop`` of a tensor broadcastable to ``(B, H, length, ·)`` (floats unchanged)."""
+    if not isinstance(t, Tensor):
+        return t
+    t = _as_4d(t)
+    return t[:, :, start:stop] if t.shape[-2] == length and length > 1 else t
+
+
+def _take_columns(t: Tensor, idx: Tensor) -> Tensor:
+    """Entries of ``t`` (broadcastable to ``(B, H, Lc, S)``) at the key indices ``idx (B, H, Lc, K)``."""
+    if t.shape[-1] == 1:
+        return t
+    full = t.expand(*idx.shape[:-1], t.shape[-1])
+    return torch.gather(full, -1, idx)
+
+
+def _check_count(k: int | None, fraction: float | None) -> tuple[int | None, float | None]:
+    if (k is None) == (fraction is None):
+        raise ValueError("give exactly one of k and fraction")
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        return k, None
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise TypeError(f"fraction must be a float, got {type(fraction).__name__}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    return None, float(fraction)
+
+
+def _check_positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def support_size(valid: Tensor, k: int | None, fraction: float | None) -> Tensor:
+    """The support size per row: ``k`` or ``max(1, int(fraction · valid))`` (never above ``valid``
+    for ``fraction``; int64, same shape as ``valid``)."""
+    if k is not None:
+        return torch.full_like(valid, k)
+    assert fraction is not None
+    kept = torch.floor(valid.to(torch.float64) * fraction).to(torch.int64)
+    return kept.clamp_min(1)
+
+
+def upper_count(k: int | None, fraction: float | None, size: int) -> int:
+    """The largest support size over ``size`` keys: ``min(k, size)`` or ``max(1, int(fraction·size))``."""
+    if k is not None:
+        return min(k, size)
+    assert fraction is not None
+    return max(1, int(fraction * size))
+
+
+class _GatheredStructure(Structure):
+    """Base of structures whose support is a per-query list of key indices ``(B, H, L, K)``.
+
+    The association of one block of queries gathers the ``K`` selected keys and values, so it costs
+    ``O(Lc·K·(E + Ev))`` time and memory. Queries are processed in blocks of at most
+    ``max_block_elements`` gathered elements.
+    """
+
+    max_block_elements: int
+
+    def _block_length(self, batch_heads: int, per_query: int, length: int) -> int:
+        return max(1, min(length, self.max_block_elements // max(1, batch_heads * per_query)))
+
+    @staticmethod
+    def _associate_gathered(
+        q: Tensor,
+        k_flat: Tensor,
+        v_flat: Tensor,
+        idx: Tensor,
+        keep: Tensor | None,
+        *,
+        size: int,
+        offset: int,
+        start: int,
+        separation: Separation,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Association of the query block ``q (B, H, Lc, E)`` with the keys ``idx (B, H, Lc, K)``.
+
+        ``k_flat``/``v_flat`` are the keys/values flattened to ``(B·H·S, ·)``; ``keep`` marks the
+        slots that take part; ``bias``/``scale`` are already restricted to the block's rows;
+        ``offset = S - L`` and ``start`` (the block's first query) locate the causal boundary.
+        """
+        batch, heads, rows, _ = idx.shape
+        base = torch.arange(batch * heads, device=idx.device).view(batch, heads, 1, 1) * size
+        flat = base + idx
+        keys = k_flat[flat]  # (B, H, Lc, K, E)
+        scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
+        if bias is not None:
+            scores = scores + _take_columns(bias, idx)
+        blocked = None if keep is None else ~keep
+        if causal:
+            query = torch.arange(start, start + rows, device=idx.device).view(rows, 1)
+            beyond = idx > query + offset
+            blocked = beyond if blocked is None else blocked | beyond
+        if blocked is not None:
+            scores = scores.masked_fill(blocked, -math.inf)
+        weights = separation(scores)
+        dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+        values = v_flat[flat]  # (B, H, Lc, K, Ev)
+        out = torch.matmul(dropped.unsqueeze(-2), values).squeeze(-2)
+        if not return_weights:
+            return out, None
+        dense = weights.new_zeros(batch, heads, rows, size)
+        # Slots outside the support (weight 0) may repeat an index; add their zeros harmlessly.
+        return out, dense.scatter_add(-1, idx, weights)
+
+    def _run(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+        slots: int,
+        extra_per_query: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Run :meth:`_support` and the gathered association block by block over the queries."""
+        batch, heads, length, dim = q.shape
+        size = k.shape[-2]
+        bias = additive_bias(mask, q.dtype)
+        k_flat = k.reshape(batch * heads * size, dim)
+        v_flat = v.reshape(batch * heads * size, v.shape[-1])
+        per_query = max(slots * (dim + v.shape[-1]), slots + extra_per_query)
+        block = self._block_length(batch * heads, per_query, length)
+        outs: list[Tensor] = []
+        weights: list[Tensor] = []
+        for start in range(0, length, block):
+            stop = min(start + block, length)
+            q_block = q[:, :, start:stop]
+            scale_block = _rows(scale, start, stop, length)
+            bias_block = None if bias is None else _rows(bias, start, stop, length)
+            assert not isinstance(bias_block, float)
+            with torch.no_grad():
+                idx, keep = self._support(
+                    q_block.detach(),
+                    k.detach(),
+                    scale=scale_block.detach() if isinstance(scale_block, Tensor) else scale_block,
+                    bias=bias_block,
+                    causal=causal,
+                    start=start,
+                    length=length,
+                )
+            out, w = self._associate_gathered(
+                q_block,
+                k_flat,
+                v_flat,
+                idx,
+                keep,
+                size=size,
+                offset=size - length,
+                start=start,
+                separation=separation,
+                scale=scale_block,
+                bias=bias_block,
+                causal=causal,
+                dropout=dropout,
+                return_weights=return_weights,
+            )
+            outs.append(out)
+            if w is not None:
+                weights.append(w)
+        out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        if not return_weights:
+            return out, None
+        return out, torch.cat(weights, dim=2) if len(weights) > 1 else weights[0]
+
+    def _support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        start: int,
+        length: int,
+    ) -> tuple[Tensor, Tensor | None]:  # pragma: no cover - abstract
+        """Key indices ``(B, H, Lc, K)`` of the support of each query and the kept slots (or None)."""
+        raise NotImplementedError
+
+
+def _valid_prefix(
+    start: int, stop: int, length: int, size: int, causal: bool, device: torch.device
+) -> Tensor:
+    """Number of keys each query ``start..stop-1`` may see when only the causal rule applies."""
+    rows = torch.arange(start, stop, device=device)
+    if not causal:
+        return torch.full_like(rows, size)
+    return (rows + (size - length) + 1).clamp(0, size)
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-K
+# ------------------------------------------------------------------------------------------------
+
+
+class TopK(_GatheredStructure):
+    """Each query keeps its ``K`` largest scores; the separation runs over those only (eq. 3.8).
+
+    ``K = k``, or ``K = max(1, int(fraction · valid keys))`` per query, where the valid keys are
+    those the mask (and the causal rule) allow. Exactly ``K`` keys are kept (ties at the K-th
+    score are broken by index order of :func:`torch.topk`); every other key has weight exactly 0.
+    Any separation works over the kept scores (softmax, sparsemax, entmax, ...).
+
+    Scores are computed in chunks of ``chunk_size`` keys with a running top-K, and queries in
+    blocks, so peak memory stays ``O(Lc · (K + chunk))`` however long the memory is; the
+    aggregation gathers the ``K`` kept values (``O(L · K · Ev)``). Gradients flow through the
+    kept scores (the selection itself is piecewise constant).
+
+    Args:
+        k: number of kept memories per query.
+        fraction: alternatively, the fraction of valid memories kept, in ``(0, 1]``.
+        chunk_size: keys per score chunk (at least ``K`` are used).
+        max_block_elements: budget of gathered elements per query block.
+    """
+
+    def __init__(
+        self,
+        k: int | None = None,
+        *,
+        fraction: float | None = None,
+        chunk_size: int = 1024,
+        max_block_elements: int = 1 << 23,
+    ) -> None:
+        super().__init__()
+        self.k, self.fraction = _check_count(k, fraction)
+        self.chunk_size = _check_positive_int("chunk_size", chunk_size)
+        self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
+        size = k.shape[-2]
+        upper = upper_count(self.k, self.fraction, size)
+        chunk = min(size, max(self.chunk_size, upper))
+        return self._run(
+            q,
+            k,
+            v,
+            separation=separation,
+            scale=scale,
+            mask=mask,
+            causal=causal,
+            dropout=dropout,
+            return_weights=return_weights,
+            slots=upper,
+            extra_per_query=upper + chunk,
+        )
+
+    def _support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        start: int,
+        length: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        batch, heads, rows, _ = q.shape
+        size = k.shape[-2]
+        upper = upper_count(self.k, self.fraction, size)
+        chunk = min(size, max(self.chunk_size, upper))
+        query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
+        best_scores: Tensor | None = None
+        best_idx: Tensor | None = None
+        valid = torch.zeros(batch, heads, rows, dtype=torch.int64, device=q.device)
+        for lo in range(0, size, chunk):
+            hi = min(lo + chunk, size)
+            scores = torch.matmul(q, k[:, :, lo:hi].transpose(-1, -2)) * scale
+            if bias is not None:
+                scores = scores + (bias if bias.shape[-1] == 1 else bias[..., lo:hi])
+            if causal:
+                cols = torch.arange(lo, hi, device=q.device).view(1, hi - lo)
+                scores = scores.masked_fill(cols > query + (size - length), -math.inf)
+            scores = scores.expand(batch, heads, rows, hi - lo)
+            valid += torch.isfinite(scores).sum(-1)
+            cols_idx = torch.arange(lo, hi, device=q.device).expand(batch, heads, rows, hi - lo)
+            if best_scores is not None and best_idx is not None:
+                scores = torch.cat([best_scores, scores], dim=-1)
+                cols_idx = torch.cat([best_idx, cols_idx], dim=-1)
+            best_scores, position = scores.topk(min(upper, scores.shape[-1]), dim=-1)
+            best_idx = cols_idx.gather(-1, position)
+        assert best_idx is not None
+        kept = support_size(valid, self.k, self.fraction)
+        slots = int(kept.max()) if self.fraction is not None else best_idx.shape[-1]
+        best_idx = best_idx[..., :slots]
+        keep = torch.arange(slots, device=q.device) < kept.unsqueeze(-1)
+        return best_idx, (None if bool(keep.all()) else keep)
+
+
+# ------------------------------------------------------------------------------------------------
+# Random mask
+# ------------------------------------------------------------------------------------------------
+
+EvalSampling = Literal["fixed", "resample", "dense"]
+
+
+def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
+    """Uniform random subsets without replacement, one per row (Floyd's algorithm, vectorised).
+
+    Row ``r`` draws ``count[r] <= n[r]`` distinct integers from ``[0, n[r])``; the result has
+    ``slots >= max(count)`` columns, the first ``count[r]`` of which hold the subset (the rest 0).
+
+    Args:
+        count: ``(R,)`` subset sizes (int64).
+        n: ``(R,)`` population sizes (int64).
+        slots: number of output columns.
+        rand: ``(R, slots)`` uniform numbers in ``[0, 1)`` (the only randomness used).
+    Returns:
+        ``(R, slots)`` int64 indices. Cost ``O(R · slots²)``.
+    """
+    chosen = torch.zeros(n.shape[0], slots, dtype=torch.int64, device=n.device)
+    for i in range(slots):
+        active = i < count
+        top = n - count + i  # draw from [0, top]
+        pick = torch.floor(rand[:, i].to(torch.float64) * (top + 1).to(torch.float64)).to(
+            torch.int64
+        )
+        pick = torch.minimum(pick, top)
+        if i > 0:
+            taken = (chosen[:, :i] == pick.unsqueeze(-1)).any(-1)
+            pick = torch.where(taken, top, pick)
+        chosen[:, i] = torch.where(active, pick, torch.zeros_like(pick))
+    return chosen
+
+
+class RandomMask(_GatheredStructure):
+    """Each query sees an exactly-``k`` uniformly random subset of the memories (paper Example 1).
+
+    The subset is drawn per query and per call, among the keys the mask and the causal rule allow;
+    its keys and values are gathered, so the association costs ``O(L · k · d)``. ``k`` is given
+    directly or as ``max(1, int(fraction · valid keys))`` (``fraction`` = share *kept*; the
+    paper's "mask probability" p is ``1 - fraction``).
+
+    Sampling: Floyd's algorithm (``O(L · k²)``, no ``L × S`` work) when no mask is given and
+    ``k² <= 4 S``; otherwise the ``k`` largest of uniform random priorities over the allowed keys.
+
+    Randomness and modes:
+
+    * training (``module.train()``, the default of a new module): a fresh subset every call, drawn
+      from ``generator`` if given, else from a private generator seeded with ``seed``, else from
+      torch's global generator;
+    * evaluation (``module.eval()``), chosen by ``eval_sampling``: ``"fixed"`` (default) draws
+      from a generator re-seeded with ``seed`` (0 if ``None``) at every call, so the same inputs
+      always see the same subsets; ``"resample"`` behaves as in training; ``"dense"`` uses every
+      memory (the plain dense association).
+
+    Args:
+        k: number of memories per query.
+        fraction: alternatively, the fraction of valid memories kept, in ``(0, 1]``.
+        seed: seed of the private generator.
+        generator: an explicit :class:`torch.Generator` (takes precedence over ``seed`` in training).
+        force: optional key indices broadcastable to ``(B, H, L)`` that are always in the subset
+            of their query (for the theory checks, which condition on µ ∈ 𝓜); the other ``k - 1``
+            are drawn uniformly from the rest.
+        eval_sampling: the evaluation-mode behaviour, see above.
+        max_block_elements: budget of gathered elements per query block.
+    """
+
+    def __init__(
+        self,
+        k: int | None = None,
+        *,
+        fraction: float | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        force: Tensor | None = None,
+        eval_sampling: EvalSampling = "fixed",
+        max_block_elements: int = 1 << 23,
+    ) -> None:
+        super().__init__()
+        self.k, self.fraction = _check_count(k, fraction)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if eval_sampling not in ("fixed", "resample", "dense"):
+            raise ValueError(
+                f"eval_sampling must be 'fixed', 'resample' or 'dense', got {eval_sampling!r}"
+            )
+        if force is not None and (not isinstance(force, Tensor) or force.is_floating_point()):
+            raise TypeError("force must be an integer Tensor of key indices or None")
+        self.seed = seed
+        self.generator = generator
+        self.force = force
+        self.eval_sampling: EvalSampling = eval_sampling
+        self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
+        self._private: dict[str, torch.Generator] = {}
+        self._call_generator: torch.Generator | None = None
+
+    def extra_repr(self) -> str:
+        count = f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
+        return f"{count}, seed={self.seed}, eval_sampling={self.eval_sampling!r}"
+
+    def _generator_for(self, device: torch.device) -> torch.Generator | None:
+        if not self.training and self.eval_sampling == "fixed":
+            fixed = torch.Generator(device=device)
+            fixed.manual_seed(0 if self.seed is None else self.seed)
+            return fixed
+        if self.generator is not None:
+            return self.generator
+        if self.seed is None:
+            return None
+        key = str(device)
+        if key not in self._private:
+            private = torch.Generator(device=device)
+            private.manual_seed(self.seed)
+            self._private[key] = private
+        return self._private[key]
+
+    def _rand(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        generator = self._call_generator
+        where = generator.device if generator is not None else device
+        return torch.rand(shape, generator=generator, device=where).to(device)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Random-subset association; see the class docstring. Returns ``(out, weights)``."""
+        if not self.training and self.eval_sampling == "dense":
+            return Dense()(
+                q,
+                k,
+                v,
+                separation=separation,
+                scale=scale,
+                mask=mask,
+                causal=causal,
+                dropout=dropout,
+                return_weights=return_weights,
+            )
+        size = k.shape[-2]
+        upper = upper_count(self.k, self.fraction, size)
+        self._call_generator = self._generator_for(q.device)
+        try:
+            return self._run(
+                q,
+                k,
+                v,
+                separation=separation,
+                scale=scale,
+                mask=mask,
+                causal=causal,
+                dropout=dropout,
+                return_weights=return_weights,
+                slots=upper,
+                extra_per_query=size if (mask is not None or upper * upper > 4 * size) else upper,
+            )
+        finally:
+            self._call_generator = None
+
+    def _forced(
+        self, batch: int, heads: int, start: int, stop: int, length: int, device: torch.device
+    ) -> Tensor | None:
+        if self.force is None:
+            return None
+        force = self.force.to(device=device, dtype=torch.int64)
+        force = force.reshape((1,) * (3 - force.dim()) + tuple(force.shape))
+        if force.shape[-1] == length:
+            force = force[..., start:stop]
+        return force.expand(batch, heads, stop - start)
+
+    def _support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        start: int,
+        length: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        batch, heads, rows, _ = q.shape
+        size = k.shape[-2]
+        device = q.device
+        forced = self._forced(batch, heads, start, start + rows, length, device)
+        if forced is not None and bool(((forced < 0) | (forced >= size)).any()):
+            raise ValueError(f"force must hold key indices in [0, {size}), got values outside")
+        upper = upper_count(self.k, self.fraction, size)
+        if bias is None and upper * upper <= 4 * size:
+            n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
+                batch, heads, rows
+            )
+            count = torch.minimum(support_size(n, self.k, self.fraction), n)
+            slots = int(count.max()) if count.numel() else 0
+            slots = max(slots, 1)
+            if forced is None:
+                rand = self._rand((batch * heads * rows, slots), device)
+                idx = floyd_sample(count.reshape(-1), n.reshape(-1), slots, rand)
+            else:
+                # The forced key first, then count - 1 others drawn from the remaining n - 1 keys.
+                rand = self._rand((batch * heads * rows, slots), device)
+                others = floyd_sample(
+                    (count - 1).clamp_min(0).reshape(-1),
+                    (n - 1).clamp_min(0).reshape(-1),
+                    slots,
+                    rand,
+                ).view(batch, heads, rows, slots)
+                target = forced.unsqueeze(-1)
+                others = others + (others >= target).to(torch.int64)
+                idx = torch.cat([target, others[..., : slots - 1]], dim=-1)
+            idx = idx.view(batch, heads, rows, slots)
+            keep = torch.arange(slots, device=device) < count.unsqueeze(-1)
+            return idx, (None if bool(keep.all()) else keep)
+        allowed = torch.ones(1, 1, rows, size, dtype=torch.bool, device=device)
+        if bias is not None:
+            allowed = allowed & torch.isfinite(bias)
+        if causal:
+            query = torch.arange(start, start + rows, device=device).view(rows, 1)
+            allowed = allowed & (torch.arange(size, device=device) <= query + (size - length))
+        allowed = allowed.expand(batch, heads, rows, size)
+        n = allowed.sum(-1)
+        count = torch.minimum(support_size(n, self.k, self.fraction), n)
+        slots = max(int(count.max()), 1)
+        priority = self._rand((batch, heads, rows, size), device).masked_fill(~allowed, -1.0)
+        if forced is not None:
+            priority = priority.scatter(-1, forced.unsqueeze(-1), 2.0)
+            count = count.clamp_min(1)
+        idx = priority.topk(slots, dim=-1).indices
+        keep = torch.arange(slots, device=device) < count.unsqueeze(-1)
+        return idx, (None if bool(keep.all()) else keep)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sliding window
+# ------------------------------------------------------------------------------------------------
+
+
+class Window(Structure):
+    """Sliding-window self-association: query ``i`` sees memories ``|i - j| <= size`` (Longformer).
+
+    Only for self-association (``L == S``). Queries are cut into blocks of ``block`` rows; each
+    block attends to its ``block + 2·size`` neighbouring keys (``block + size`` when causal, where
+    query ``i`` sees ``i - size <= j <= i``), so time and memory are ``O(L · size · d)`` and no
+    ``L × L`` matrix is formed. Any length works (the last block is padded internally), padding
+    and attention masks are respected, ``size >= L - 1`` equals dense association.
+
+    Args:
+        size: one-sided window ``w`` (each query sees up to ``2w + 1`` memories).
+        block: query rows per block (default ``max(size, 16)``).
+    """
+
+    def __init__(self, size: int, *, block: int | None = None) -> None:
+        super().__init__()
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be a non-negative int, got {size!r}")
+        self.size = size
+        self.block = None if block is None else _check_positive_int("block", block)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}" + (f", block={self.block}" if self.block is not None else "")
+
+    @staticmethod
+    def _blocks(t: Tensor, length: int, padded: int, width: int, left: int, block: int) -> Tensor:
+        """A tensor broadcastable to ``(B, H, L, S)`` in block form ``(B, H, nb, block, width)``.
+
+        Block ``n``, row ``r``, column ``c`` is the entry for query ``n·block + r`` and key
+        ``n·block - left + c`` (0 outside the tensor).
+        """
+        t = _as_4d(t)
+        nb = padded // block
+        by_row, by_col = t.shape[-2] != 1, t.shape[-1] != 1
+        if by_row:
+            t = F.pad(t, (0, 0, 0, padded - length))
+        if not by_col:
+            return t.reshape(*t.shape[:2], nb, block, 1) if by_row else t.unsqueeze(-3)
+        stride_cols = padded + width - block
+        t = F.pad(t, (left, stride_cols - left - length))
+        if not by_row:
+            return t.unfold(-1, width, block).transpose(-3, -2)
+        t = t.contiguous()
+        s0, s1 = t.stride(0), t.stride(1)
+        return t.as_strided(
+            (*t.shape[:2], nb, block, width), (s0, s1, block * stride_cols + block, stride_cols, 1)
+        )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Windowed association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
+        if size != length:
+            raise ValueError(
+                f"Window is self-association: q and k must hold the same number of patterns, "
+                f"got L={length} and S={size}"
+            )
+        w = min(self.size, length - 1)
+        block = min(self.block if self.block is not None else max(w, 16), length)
+        padded = -(-length // block) * block
+        nb = padded // block
+        right = 0 if causal else w
+        width = block + w + right
+        # Queries (B, H, nb, block, E); keys as overlapping blocks (B, H, nb, E, width) (a view).
+        q_blocks = F.pad(q, (0, 0, 0, padded - length)).view(batch, heads, nb, block, q.shape[-1])
+        k_pad = F.pad(k, (0, 0, w, padded - length + right))
+        v_pad = F.pad(v, (0, 0, w, padded - length + right))
+        k_blocks = k_pad.unfold(2, width, block)
+        v_blocks = v_pad.unfold(2, width, block).transpose(-1, -2)
+        scores = torch.matmul(q_blocks, k_blocks)
+        scores = scores * (
+            self._blocks(scale, length, padded, width, w, block)
+            if isinstance(scale, Tensor)
+            else scale
+        )
+        bias = additive_bias(mask, q.dtype)
+        if bias is not None:
+            scores = scores + self._blocks(bias, length, padded, width, w, block)
+        r = torch.arange(block, device=q.device).view(block, 1)
+        c = torch.arange(width, device=q.device).view(1, width)
+        key = torch.arange(nb, device=q.device).view(nb, 1, 1) * block - w + c
+        relative = c - w - r  # key - query
+        allowed = (relative >= -w) & (relative <= right) & (key >= 0) & (key < size)
+        scores = scores.masked_fill(~allowed, -math.inf)
+        weights = separation(scores.reshape(batch, heads, padded, width))
+        dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+        out = torch.matmul(dropped.view(batch, heads, nb, block, width), v_blocks)
+        out = out.reshape(batch, heads, padded, v.shape[-1])[:, :, :length]
+        if not return_weights:
+            return out, None
+        columns = (key + w).expand(nb, block, width).reshape(1, 1, padded, width)
+        dense = weights.new_zeros(batch, heads, padded, padded + w + right)
+        dense = dense.scatter_add(-1, columns.expand(batch, heads, padded, width), weights)
+        return out, dense[:, :, :length, w : w + size]

@@ -1,0 +1,451 @@
+"""Kernel structures: linear (elu+1) and positive-random-feature (FAVOR+) association.
+
+They replace the exponential kernel of the softmax by a feature map, ``K(x, y) = ⟨φ(x), φ(y)⟩``
+(nonparametric Hopfield paper, Appendix E.1 and E.3), and evaluate the retrieval in the
+associative order ``φ(Q) (φ(K)ᵀ V)`` normalised by ``φ(Q) Σ_j φ(k_j)``: time and memory
+``O((L + S) · D · Ev)`` instead of ``O(L · S)``. They stand in for the softmax, so they accept
+only :class:`~hopfield.functional.Softmax` as separation.
+
+Masks: only key masks (broadcastable to ``(B, H, 1, S)``) can be applied in linear time. A
+boolean key mask zeroes the features of the padded keys; an additive float key mask ``m_j``
+multiplies key ``j``'s kernel by ``exp(m_j)``, which is exactly what it does to the softmax.
+Causal association uses prefix sums over chunks of ``chunk_size`` keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hopfield.functional.efficient import additive_bias
+from hopfield.functional.separation import Separation, Softmax
+from hopfield.functional.structures import Scale, Structure
+
+__all__ = ["Linear", "RandomFeatures", "kernel_association", "orthogonal_gaussian"]
+
+
+def _normaliser(den: Tensor, eps: float) -> Tensor:
+    """``den + eps``, kept away from 0 so that rows without any key give 0, not NaN."""
+    return (den + eps).clamp_min(torch.finfo(den.dtype).tiny)
+
+
+def kernel_association(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    eps: float = 0.0,
+    chunk_size: int = 128,
+    return_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``out_i = Σ_j ⟨φq_i, φk_j⟩ v_j / (Σ_j ⟨φq_i, φk_j⟩ + eps)``, computed as ``φQ (φKᵀ V)``.
+
+    Args:
+        phi_q: query features ``(B, H, L, D)``, non-negative.
+        phi_k: key features ``(B, H, S, D)``, non-negative (zero rows for keys left out).
+        v: values ``(B, H, S, Ev)``.
+        causal: query ``i`` sees keys ``j <= i + S - L`` (prefix sums over chunks).
+        eps: added to the normaliser.
+        chunk_size: keys per chunk of the causal prefix sums.
+        return_weights: also return the explicit weights ``(B, H, L, S)`` (``O(L·S)``).
+    Returns:
+        ``(out (B, H, L, Ev), weights or None)``.
+    """
+    length, size = phi_q.shape[-2], phi_k.shape[-2]
+    if not causal:
+        state = torch.matmul(phi_k.transpose(-1, -2), v)  # (B, H, D, Ev)
+        total = phi_k.sum(dim=-2)  # (B, H, D)
+        num = torch.matmul(phi_q, state)
+        den = torch.matmul(phi_q, total.unsqueeze(-1))
+    else:
+        num, den = _causal_sums(phi_q, phi_k, v, chunk_size)
+    out = num / _normaliser(den, eps)
+    if not return_weights:
+        return out, None
+    kernel = torch.matmul(phi_q, phi_k.transpose(-1, -2))
+    if causal:
+        rows = torch.arange(length, device=kernel.device).view(length, 1)
+        cols = torch.arange(size, device=kernel.device).view(1, size)
+        kernel = kernel.masked_fill(cols > rows + (size - length), 0.0)
+    return out, kernel / _normaliser(den, eps)
+
+
+def _causal_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """Numerator ``(B, H, L, Ev)`` and denominator ``(B, H, L, 1)`` of causal kernel association."""
+    batch, heads, length, dim = phi_q.shape
+    size = phi_k.shape[-2]
+    offset = size - length
+    state0 = phi_k.new_zeros(batch, heads, dim, v.shape[-1])
+    total0 = phi_k.new_zeros(batch, heads, dim)
+    if offset >= 0:
+        # Keys before the first query's position are seen by every query.
+        head_k, head_v = phi_k[:, :, :offset], v[:, :, :offset]
+        state0 = state0 + torch.matmul(head_k.transpose(-1, -2), head_v)
+        total0 = total0 + head_k.sum(dim=-2)
+        phi_k, v = phi_k[:, :, offset:], v[:, :, offset:]
+    else:
+        # The first -offset queries see no key: align with zero features in front.
+        phi_k = F.pad(phi_k, (0, 0, -offset, 0))
+        v = F.pad(v, (0, 0, -offset, 0))
+    chunk = min(chunk, length)
+    padded = -(-length // chunk) * chunk
+    n = padded // chunk
+    extra = padded - length
+    qc = F.pad(phi_q, (0, 0, 0, extra)).view(batch, heads, n, chunk, dim)
+    kc = F.pad(phi_k, (0, 0, 0, extra)).view(batch, heads, n, chunk, dim)
+    vc = F.pad(v, (0, 0, 0, extra)).view(batch, heads, n, chunk, v.shape[-1])
+    chunk_state = torch.matmul(kc.transpose(-1, -2), vc)  # (B, H, n, D, Ev)
+    chunk_total = kc.sum(dim=-2)  # (B, H, n, D)
+    before = torch.cumsum(chunk_state, dim=2) - chunk_state + state0.unsqueeze(2)
+    before_total = torch.cumsum(chunk_total, dim=2) - chunk_total + total0.unsqueeze(2)
+    inside = torch.matmul(qc, kc.transpose(-1, -2))  # (B, H, n, chunk, chunk)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=inside.device).tril()
+    inside = inside.masked_fill(~lower, 0.0)
+    num = torch.matmul(qc, before) + torch.matmul(inside, vc)
+    den = torch.matmul(qc, before_total.unsqueeze(-1)) + inside.sum(dim=-1, keepdim=True)
+    num = num.reshape(batch, heads, padded, v.shape[-1])[:, :, :length]
+    den = den.reshape(batch, heads, padded, 1)[:, :, :length]
+    return num, den
+
+
+class _KernelStructure(Structure):
+    """Shared checks and mask handling of the kernel structures."""
+
+    eps: float
+    chunk_size: int
+
+    @staticmethod
+    def _key_weights(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        """``(·, ·, S, 1)`` multipliers of the key features (0 for masked keys), or ``None``."""
+        bias = additive_bias(mask, dtype)
+        if bias is None:
+            return None
+        if bias.shape[-2] != 1:
+            raise ValueError(
+                "mask: linear and random-feature association accept only key masks "
+                f"broadcastable to (B, H, 1, S), got shape {tuple(bias.shape)}; use causal=True "
+                "for causal masking"
+            )
+        return torch.exp(bias).transpose(-1, -2)
+
+    @staticmethod
+    def _check(separation: Separation, dropout: float) -> None:
+        if type(separation) is not Softmax:
+            raise ValueError(
+                f"separation: {type(separation).__name__} is not supported by kernel structures, "
+                "which stand in for Softmax(); use TopK/Window/RandomMask/Dense for other maps"
+            )
+        if dropout > 0:
+            raise ValueError(
+                f"dropout={dropout}: kernel structures have no explicit weights to drop; use 0"
+            )
+
+    def _features(
+        self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
+    ) -> tuple[Tensor, Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Kernel association; returns ``(out (B, H, L, Ev), weights (B, H, L, S) or None)``."""
+        self._check(separation, dropout)
+        key_weights = self._key_weights(mask, q.dtype)
+        phi_q, phi_k = self._features(q, k, scale, key_weights)
+        if key_weights is not None:
+            phi_k = phi_k * key_weights
+        return kernel_association(
+            phi_q,
+            phi_k,
+            v,
+            causal=causal,
+            eps=self.eps,
+            chunk_size=self.chunk_size,
+            return_weights=return_weights,
+        )
+
+
+class Linear(_KernelStructure):
+    """Linear association (Katharopoulos et al. 2020; paper Proposition E.1).
+
+    ``out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + eps)`` with ``φ(x) = elu(x) + 1``.
+    As in the paper, there is no inverse temperature: ``scale`` is ignored.
+
+    Args:
+        eps: added to the normaliser (1e-6 as in the official code).
+        chunk_size: keys per chunk of the causal prefix sums.
+    """
+
+    def __init__(
+        self, feature_map: Literal["elu+1"] = "elu+1", *, eps: float = 1e-6, chunk_size: int = 128
+    ) -> None:
+        super().__init__()
+        if feature_map != "elu+1":
+            raise ValueError(f"feature_map must be 'elu+1', got {feature_map!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.feature_map = feature_map
+        self.eps = float(eps)
+        self.chunk_size = chunk_size
+
+    def extra_repr(self) -> str:
+        return f"feature_map={self.feature_map!r}, eps={self.eps:g}"
+
+    def _features(
+        self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        return F.elu(q) + 1.0, F.elu(k) + 1.0
+
+
+def orthogonal_gaussian(
+    rows: int,
+    dim: int,
+    *,
+    orthogonal: bool = True,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """Random projection ``(rows, dim)`` whose rows are marginally ``N(0, I_dim)``.
+
+    With ``orthogonal``, blocks of ``dim`` rows are exactly orthogonal (Q of a Gaussian QR with
+    the sign fix that makes it Haar), each row rescaled by an independent chi(dim) norm, as in
+    Performer's orthogonal random features. Drawn on the CPU.
+    """
+    if not orthogonal:
+        return torch.randn(rows, dim, generator=generator, dtype=torch.float64).to(dtype)
+    blocks = []
+    for _ in range(-(-rows // dim)):
+        gaussian = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        basis, triangle = torch.linalg.qr(gaussian)
+        basis = basis * torch.sign(torch.diagonal(triangle)).unsqueeze(0)
+        blocks.append(basis.T)
+    directions = torch.cat(blocks, dim=0)[:rows]
+    norms = torch.randn(rows, dim, generator=generator, dtype=torch.float64).norm(
+        dim=1, keepdim=True
+    )
+    return (directions * norms).to(dtype)
+
+
+class RandomFeatures(_KernelStructure):
+    """Random-feature association (FAVOR+, Choromanski et al. 2021; paper Proposition E.3).
+
+    ``kernel="softmax"`` (default): positive random features of the softmax kernel,
+    ``φ(x) = exp(ωᵢᵀx' - ‖x'‖²/2) / √m`` with ``x' = √β x``, so that
+    ``E[φ(q)ᵀφ(k)] = exp(β⟨q, k⟩)`` exactly. The exponent is stabilised by a per-query maximum for
+    queries and one per-(batch, head) maximum over valid keys for keys; both cancel in the
+    normalisation.
+
+    ``kernel="relu"``: Performer's generalized ReLU features ``φ(x) = ReLU(Ω x') + relu_eps``, the
+    model the official code ran as "Random Feature Hopfield" (with the default ``β = 1/√E``,
+    ``x' = E^{-1/4} x`` as in that code).
+
+    The projection ``Ω (m, E)`` is drawn on first use (``m = num_features``, default
+    ``max(1, int(E · ln E))``), orthogonal by default, kept as a buffer (saved in the state dict) and
+    redrawn every ``redraw`` training-mode calls (never when ``None``) or by :meth:`reset_parameters`.
+
+    Args:
+        num_features: number of random features ``m``.
+        orthogonal: orthogonal (True) or i.i.d. Gaussian projections.
+        redraw: redraw the projection every this many training-mode calls; ``None`` = never.
+        kernel: ``"softmax"`` (positive random features) or ``"relu"`` (generalized).
+        seed: seed of the projection draws (``None``: torch's global generator).
+        eps: added to the normaliser.
+        relu_eps: the constant added to ReLU features.
+        chunk_size: keys per chunk of the causal prefix sums.
+        device, dtype: of the projection buffer.
+    """
+
+    projection: Tensor | None
+
+    def __init__(
+        self,
+        num_features: int | None = None,
+        *,
+        orthogonal: bool = True,
+        redraw: int | None = None,
+        kernel: Literal["softmax", "relu"] = "softmax",
+        seed: int | None = None,
+        eps: float = 0.0,
+        relu_eps: float = 1e-3,
+        chunk_size: int = 128,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_features", num_features), ("redraw", redraw)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if kernel not in ("softmax", "relu"):
+            raise ValueError(f"kernel must be 'softmax' or 'relu', got {kernel!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if not relu_eps >= 0:
+            raise ValueError(f"relu_eps must be >= 0, got {relu_eps}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.num_features = num_features
+        self.orthogonal = bool(orthogonal)
+        self.redraw = redraw
+        self.kernel_name = kernel
+        self.seed = seed
+        self.eps = float(eps)
+        self.relu_eps = float(relu_eps)
+        self.chunk_size = chunk_size
+        self._factory: dict[str, Any] = {
+            "device": device,
+            "dtype": dtype or torch.get_default_dtype(),
+        }
+        self._generator: torch.Generator | None = None
+        if seed is not None:
+            self._generator = torch.Generator()
+            self._generator.manual_seed(seed)
+        self._since_redraw = 0
+        self.register_buffer("projection", None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_features={self.num_features}, kernel={self.kernel_name!r}, "
+            f"orthogonal={self.orthogonal}, redraw={self.redraw}"
+        )
+
+    def features_for(self, dim: int) -> int:
+        """The number of features used for pattern size ``dim``."""
+        if self.num_features is not None:
+            return self.num_features
+        return max(1, int(dim * math.log(dim))) if dim > 1 else 1
+
+    def reset_parameters(self, dim: int | None = None) -> None:
+        """Draw a new projection (for pattern size ``dim``, default: the current one's)."""
+        if dim is None:
+            if self.projection is None:
+                return
+            dim = self.projection.shape[1]
+        device = self._factory["device"] if self.projection is None else self.projection.device
+        dtype = self._factory["dtype"] if self.projection is None else self.projection.dtype
+        drawn = orthogonal_gaussian(
+            self.features_for(dim), dim, orthogonal=self.orthogonal, generator=self._generator
+        )
+        self.projection = drawn.to(device=device, dtype=dtype)
+        self._since_redraw = 0
+
+    def _projection_for(self, dim: int) -> Tensor:
+        """The projection for pattern size ``dim`` (drawn on first use)."""
+        if self.projection is None:
+            self.reset_parameters(dim)
+        assert self.projection is not None
+        if self.projection.shape[1] != dim:
+            raise ValueError(
+                f"q and k have pattern size {dim}, but the random projection was drawn for "
+                f"{self.projection.shape[1]}; call reset_parameters({dim}) to redraw it"
+            )
+        return self.projection
+
+    def _count_call(self, dim: int) -> None:
+        """Redraw every ``redraw`` training-mode calls."""
+        self._projection_for(dim)
+        if not self.training or self.redraw is None:
+            return
+        if self._since_redraw >= self.redraw:
+            self.reset_parameters(dim)
+        self._since_redraw += 1
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        saved = state_dict.get(prefix + "projection")
+        if saved is not None and (self.projection is None or self.projection.shape != saved.shape):
+            self.projection = torch.empty_like(saved)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    @staticmethod
+    def _root_scale(scale: Scale) -> Scale:
+        if isinstance(scale, Tensor):
+            if scale.dim() >= 2 and scale.shape[-2] != 1:
+                raise ValueError(
+                    "scale: random features need one inverse temperature per batch and head, "
+                    f"not per query; got shape {tuple(scale.shape)}"
+                )
+            if bool((scale <= 0).any()):
+                raise ValueError("scale must be positive for random features")
+            return scale.sqrt()
+        if not scale > 0:
+            raise ValueError(f"scale must be positive for random features, got {scale}")
+        return math.sqrt(scale)
+
+    def features(
+        self,
+        x: Tensor,
+        scale: Scale,
+        *,
+        is_query: bool,
+        stabilize: bool = True,
+        key_weights: Tensor | None = None,
+    ) -> Tensor:
+        """Random features ``(B, H, N, m)`` of patterns ``x (B, H, N, E)`` at inverse temperature ``scale``.
+
+        Without ``stabilize``, ``features(q)ᵀ features(k)`` is an unbiased estimate of
+        ``exp(scale · ⟨q, k⟩)`` (softmax kernel). ``key_weights (·, ·, N, 1)`` (keys only) exclude
+        zero-weight keys from the stabiliser.
+        """
+        projection = self._projection_for(x.shape[-1]).to(x.dtype)
+        scaled = x * self._root_scale(scale)
+        mapped = torch.matmul(scaled, projection.transpose(-1, -2))
+        if self.kernel_name == "relu":
+            return F.relu(mapped) + self.relu_eps
+        logits = mapped - 0.5 * (scaled * scaled).sum(dim=-1, keepdim=True)
+        if stabilize:
+            with torch.no_grad():
+                if is_query:
+                    shift = logits.amax(dim=-1, keepdim=True)
+                else:
+                    if key_weights is not None:
+                        logits_valid = logits.masked_fill(key_weights == 0, -math.inf)
+                    else:
+                        logits_valid = logits
+                    shift = logits_valid.amax(dim=(-1, -2), keepdim=True)
+                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            logits = logits - shift
+        return torch.exp(logits) / math.sqrt(projection.shape[0])
+
+    def kernel(self, q: Tensor, k: Tensor, scale: Scale) -> Tensor:
+        """The estimated kernel matrix ``(B, H, L, S)`` (estimates ``exp(scale·⟨q, k⟩)`` for softmax)."""
+        phi_q = self.features(q, scale, is_query=True, stabilize=False)
+        phi_k = self.features(k, scale, is_query=False, stabilize=False)
+        return torch.matmul(phi_q, phi_k.transpose(-1, -2))
+
+    def _features(
+        self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        self._count_call(q.shape[-1])
+        phi_k = self.features(k, scale, is_query=False, key_weights=key_weights)
+        phi_q = self.features(q, scale, is_query=True)
+        return phi_q, phi_k
