@@ -1,0 +1,151 @@
+"""The command line, the experiment registry, results JSON and the Markdown report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hopfield.cli import main
+from hopfield.data import ChecksumError, DataFile, DataNotFoundError, locate
+from hopfield.experiments import (
+    Experiment,
+    Results,
+    RunContext,
+    Table,
+    get,
+    register,
+    run_experiment,
+)
+from hopfield.experiments.results import mean_std
+from hopfield.experiments.runner import apply_overrides
+from hopfield.report import build_report
+
+
+def test_list_shows_the_retrieval_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    assert "retrieval-demo" in capsys.readouterr().out
+
+
+def test_run_writes_results_with_provenance_and_a_report(tmp_path: Path) -> None:
+    assert (
+        main(
+            [
+                "run",
+                "retrieval-demo",
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+                "--seed",
+                "3",
+                "--set",
+                "noise_std=0.25",
+            ]
+        )
+        == 0
+    )
+    record = json.loads((tmp_path / "retrieval-demo" / "results.json").read_text())
+    assert record["preset"] == "tiny" and record["seed"] == 3
+    assert record["config"]["noise_std"] == 0.25
+    assert {"torch", "python", "hopfield", "numpy"} <= set(record["versions"])
+    assert record["wall_time_s"] > 0
+    table = record["results"]["tables"][0]
+    rates = [row[3] for row in table["rows"]]
+    assert all(0.0 <= r <= 1.0 for r in rates) and max(rates) > 0.5  # noisy digits are retrieved
+    assert (tmp_path / "retrieval-demo" / "retrieval_grid.png").stat().st_size > 1000
+    report = (tmp_path / "retrieval-demo" / "REPORT.md").read_text()
+    assert "| query | beta | separation |" in report and "retrieval_grid.png" in report
+
+
+def test_reproduce_and_report_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "reproduce",
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+                "--only",
+                "retrieval-demo",
+            ]
+        )
+        == 0
+    )
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "REPORT.md").read_text().count("## retrieval-demo") == 1
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown experiment 'nope'"):
+        get("nope")
+    with pytest.raises(ValueError, match="preset must be one of"):
+        get("retrieval-demo").config("huge")
+    with pytest.raises(ValueError, match="unknown config field 'colour'"):
+        apply_overrides(get("retrieval-demo").config("tiny"), {"colour": "red"})
+    with pytest.raises(SystemExit):
+        main(["run", "retrieval-demo", "--set", "no-equals-sign"])
+    with pytest.raises(ValueError, match=r"no results\.json"):
+        build_report(Path(__file__).parent)
+
+
+@dataclass
+class _Config:
+    seed: int = 0
+    steps: int = 4
+
+
+def _resumable(config: _Config, ctx: RunContext) -> Results:
+    """Counts steps, checkpointing after each; a stopped run resumes where it left off."""
+    state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
+    for step in range(state["done"], config.steps):
+        state = {"done": step + 1, "log": [*state["log"], step]}
+        ctx.save_json("checkpoint.json", state)
+        if step == 1 and not (ctx.out_dir / "interrupted").exists():
+            (ctx.out_dir / "interrupted").touch()
+            raise KeyboardInterrupt
+    return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    register(
+        Experiment(
+            "test-resume", "test", {p: _Config() for p in ("tiny", "small", "paper")}, _resumable
+        )
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("test-resume", "tiny", tmp_path, progress=False)
+    path = run_experiment("test-resume", "tiny", tmp_path, progress=False)
+    rows = json.loads(path.read_text())["results"]["tables"][0]["rows"]
+    assert rows == [[0], [1], [2], [3]]
+
+
+def test_tables_and_statistics() -> None:
+    with pytest.raises(ValueError, match="row 0 has 1 cells, expected 2"):
+        Table("t", ["a", "b"], [[1]])
+    assert "| 0.1235 | – |" in Table("t", ["a", "b"], [[0.123456, None]]).to_markdown()
+    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(2**0.5))
+    with pytest.raises(ValueError):
+        mean_std([])
+
+
+def test_data_files_are_located_and_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f.txt").write_bytes(b"hello")
+    good = DataFile("sub/f.txt", hashlib.sha256(b"hello").hexdigest(), "https://example.org/f.txt")
+    assert locate(good, tmp_path) == tmp_path / "sub" / "f.txt"
+    monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path))
+    assert locate(good) == tmp_path / "sub" / "f.txt"
+    with pytest.raises(ChecksumError, match="is [0-9a-f]+, expected"):
+        locate(DataFile("sub/f.txt", "0" * 64, "https://example.org/f.txt"), tmp_path)
+    with pytest.raises(DataNotFoundError, match="https://example.org/g.txt"):
+        locate(DataFile("sub/g.txt", "", "https://example.org/g.txt"), tmp_path)
