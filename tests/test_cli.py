@@ -145,7 +145,7 @@ def test_data_files_are_located_and_verified(
     assert locate(good, tmp_path) == tmp_path / "sub" / "f.txt"
     monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path))
     assert locate(good) == tmp_path / "sub" / "f.txt"
-    with pytest.raises(ChecksumError, match="is [0-9a-f]+, expected"):
+    with pytest.raises(ChecksumError, match=r"is [0-9a-f]+, expected"):
         locate(DataFile("sub/f.txt", "0" * 64, "https://example.org/f.txt"), tmp_path)
-    with pytest.raises(DataNotFoundError, match="https://example.org/g.txt"):
+    with pytest.raises(DataNotFoundError, match=r"https://example\.org/g\.txt"):
         locate(DataFile("sub/g.txt", "", "https://example.org/g.txt"), tmp_path)

@@ -52,7 +52,7 @@ def make_separation(name: str) -> Separation:
     if name not in SEPARATIONS:
         raise ValueError(f"separation must be one of {sorted(SEPARATIONS)}, got {name!r}")
     spec = SEPARATIONS[name]
-    return spec[0](spec[1]) if isinstance(spec, tuple) else spec()  # type: ignore[call-arg]
+    return spec[0](spec[1]) if isinstance(spec, tuple) else spec()
 
 
 def digit_patterns(count: int, generator: torch.Generator) -> Tensor:

@@ -1,0 +1,42 @@
+"""Outlier metrics (kurtosis, infinity norms, attention diagnostics) and W8A8 fake quantization.
+
+See ``docs/outliers.md``. :class:`AttentionRecorder` needs the ``hf`` extra (``transformers``).
+"""
+
+from hopfield.outliers.attention import AttentionRecorder
+from hopfield.outliers.metrics import (
+    MODULE_SELECTIONS,
+    ActivationRecorder,
+    ModuleSelection,
+    inf_norm,
+    kurtosis,
+)
+from hopfield.outliers.quantize import (
+    ActivationQuantizer,
+    AttentionQuantizer,
+    WeightQuantizer,
+    activation_quantizers,
+    fake_quantize_asymmetric,
+    fake_quantize_fp8,
+    fake_quantize_weight,
+    quantize_w8a8,
+    symmetric_scale,
+)
+
+__all__ = [
+    "MODULE_SELECTIONS",
+    "ActivationQuantizer",
+    "ActivationRecorder",
+    "AttentionQuantizer",
+    "AttentionRecorder",
+    "ModuleSelection",
+    "WeightQuantizer",
+    "activation_quantizers",
+    "fake_quantize_asymmetric",
+    "fake_quantize_fp8",
+    "fake_quantize_weight",
+    "inf_norm",
+    "kurtosis",
+    "quantize_w8a8",
+    "symmetric_scale",
+]
