@@ -1,0 +1,277 @@
+"""Outlier-efficient attention functions for Hugging Face ``transformers`` models.
+
+Every variant is a function with the signature of ``transformers``' attention interface,
+registered under its name with :class:`transformers.AttentionInterface` (and with the SDPA mask
+builder in :class:`transformers.masking_utils.AttentionMaskInterface`), so a model selects it by
+``attn_implementation`` without any change to the model's code:
+
+========================== ==========================================================
+name                       weights
+========================== ==========================================================
+``softmax``                softmax (the vanilla model, through this module's path)
+``softmax1``               Softmax_1 = exp(z) / (1 + Σ exp z) (OutEffHop)
+``clipped``                clip((zeta - gamma) · softmax + gamma, 0, 1)
+``clipped_softmax1``       clip((zeta - gamma) · Softmax_1 + gamma, 0, 1)
+``gated``, ``gated_*``     the above times a per-head, per-token sigmoid gate
+========================== ==========================================================
+
+The parameters (``gamma``, ``zeta``) live in ``config.hopfield_attention`` (set by
+:func:`configure_attention`), so they are saved by ``save_pretrained``.
+
+Fast paths: softmax and Softmax_1 without probes run through
+:func:`hopfield.functional.associate`, i.e. :func:`torch.nn.functional.scaled_dot_product_attention`
+with one zero key and zero value appended for Softmax_1 (the mask padded so they are always seen).
+Clipped variants compute explicit weights.
+
+Gates: :func:`hopfield.integrations.gates.add_gates` adds a
+:class:`hopfield.nn.gates.GatedAttention` as ``module.gate`` to every attention module and a
+forward pre-hook that keeps the module's input hidden states for the gate (see that module).
+
+Probes: an attention module may carry a list ``module._hopfield_probes`` of
+:class:`AttentionProbe` objects (attention diagnostics, quantizers of scores and weights). With
+probes, the explicit path runs and each probe sees (and may replace) the raw scores and the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hopfield.functional import ClippedSoftmax, Separation, Softmax, SoftmaxN, associate
+from hopfield.functional.structures import apply_mask, with_causal
+
+__all__ = [
+    "VARIANTS",
+    "AttentionProbe",
+    "AttentionVariant",
+    "attention_forward",
+    "configure_attention",
+    "register_attention_functions",
+]
+
+CONFIG_KEY = "hopfield_attention"
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """One attention variant: the base map (``n`` zero logits), clipping and gating."""
+
+    name: str
+    n: int
+    clipped: bool
+    gated: bool
+
+
+VARIANTS: dict[str, AttentionVariant] = {
+    v.name: v
+    for v in (
+        AttentionVariant("softmax", 0, False, False),
+        AttentionVariant("softmax1", 1, False, False),
+        AttentionVariant("clipped", 0, True, False),
+        AttentionVariant("clipped_softmax1", 1, True, False),
+        AttentionVariant("gated", 0, False, True),
+        AttentionVariant("gated_softmax1", 1, False, True),
+        AttentionVariant("gated_clipped", 0, True, True),
+        AttentionVariant("gated_clipped_softmax1", 1, True, True),
+    )
+}
+
+
+def _variant(name: str) -> AttentionVariant:
+    if name not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
+    return VARIANTS[name]
+
+
+class AttentionProbe:
+    """Observes or transforms the scores and weights of an attention module (explicit path).
+
+    Subclasses override :meth:`scores` and/or :meth:`weights`; both receive the attention module.
+    """
+
+    def scores(self, module: nn.Module, scores: Tensor) -> Tensor:
+        """Raw scores ``scale · q kᵀ`` ``(B, H, L, S)`` before the mask; returns the scores to use."""
+        return scores
+
+    def weights(self, module: nn.Module, weights: Tensor, masked_scores: Tensor) -> Tensor:
+        """Weights ``(B, H, L, S)`` after the separation (before dropout); ``masked_scores`` has
+        ``-inf`` at masked entries. Returns the weights to use."""
+        return weights
+
+
+def configure_attention(
+    config: Any,
+    variant: str,
+    *,
+    gamma: float | None = None,
+    zeta: float = 1.0,
+    alpha: float | None = None,
+    length: int | None = None,
+    gate_hidden: int | None = None,
+    pi_init: float | None = None,
+) -> None:
+    """Select ``variant`` on a ``transformers`` config and store its parameters.
+
+    Sets ``config._attn_implementation = variant`` and ``config.hopfield_attention`` (a dict that
+    ``save_pretrained`` writes into ``config.json``).
+
+    Args:
+        config: a ``transformers.PretrainedConfig``.
+        variant: one of :data:`VARIANTS`.
+        gamma, zeta: clipping parameters (clipped variants), ``gamma <= 0 <= 1 <= zeta``.
+        alpha, length: the alternative parametrisation ``gamma = -alpha / length``.
+        gate_hidden, pi_init: the gate design (gated variants), see
+            :class:`hopfield.nn.gates.GatedAttention`.
+    """
+    spec = _variant(variant)
+    settings: dict[str, Any] = {"variant": variant}
+    if spec.clipped:
+        if (gamma is None) == (alpha is None):
+            raise ValueError(
+                f"variant {variant!r} needs exactly one of gamma or alpha (with length)"
+            )
+        if alpha is not None:
+            if length is None:
+                raise ValueError("alpha needs length (the sequence length T): gamma = -alpha / T")
+            clip = ClippedSoftmax.from_alpha(alpha, length, zeta)
+        else:
+            clip = ClippedSoftmax(gamma=float(gamma), zeta=zeta)  # type: ignore[arg-type]
+        settings.update(gamma=clip.gamma, zeta=clip.zeta)
+    elif gamma is not None or alpha is not None:
+        raise ValueError(f"gamma/alpha apply to clipped variants only, not {variant!r}")
+    if spec.gated:
+        settings.update(gate_hidden=gate_hidden, pi_init=pi_init)
+    elif gate_hidden is not None or pi_init is not None:
+        raise ValueError(f"gate_hidden/pi_init apply to gated variants only, not {variant!r}")
+    setattr(config, CONFIG_KEY, settings)
+    config._attn_implementation = variant
+
+
+def _separation(spec: AttentionVariant, module: nn.Module) -> Separation:
+    base: SoftmaxN = SoftmaxN(1.0) if spec.n else Softmax()
+    if not spec.clipped:
+        return base
+    settings = getattr(getattr(module, "config", None), CONFIG_KEY, None)
+    if not isinstance(settings, dict) or "gamma" not in settings:
+        raise ValueError(
+            f"attention {spec.name!r} needs gamma and zeta: call "
+            "hopfield.integrations.configure_attention(config, ...) before building the model"
+        )
+    return ClippedSoftmax(gamma=settings["gamma"], zeta=settings["zeta"], base=base)
+
+
+def _explicit(
+    module: nn.Module,
+    probes: list[AttentionProbe],
+    separation: Separation,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    scale: float,
+    dropout: float,
+) -> tuple[Tensor, Tensor]:
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    for probe in probes:
+        scores = probe.scores(module, scores)
+    if causal:
+        mask = with_causal(mask, query.shape[-2], key.shape[-2], query.device)
+    masked = apply_mask(scores, mask)
+    weights = separation(masked)
+    for probe in probes:
+        weights = probe.weights(module, weights, masked)
+    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    return torch.matmul(dropped, value), weights
+
+
+def attention_forward(
+    variant: str,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """The attention computation of ``variant`` in the ``transformers`` interface.
+
+    Args:
+        variant: a name of :data:`VARIANTS`.
+        module: the calling attention module (its ``config``, ``is_causal``, gate and probes).
+        query: ``(B, H, L, E)``; key: ``(B, H, S, E)``; value: ``(B, H, S, Ev)``.
+        attention_mask: ``None``, boolean ``(B, 1, L, S)`` (``True`` = attend) or additive float.
+        dropout: attention dropout probability (the model passes 0 in eval mode).
+        scaling: the logit scale (``None`` = ``1/sqrt(E)``).
+        is_causal: overrides ``module.is_causal`` (used only when no mask is given).
+
+    Returns:
+        ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``; weights only on the explicit path.
+    """
+    spec = _variant(variant)
+    separation = _separation(spec, module)
+    causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
+    causal = causal and attention_mask is None and query.shape[-2] > 1
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    probes: list[AttentionProbe] = getattr(module, "_hopfield_probes", [])
+    weights: Tensor | None = None
+    if probes:
+        out, weights = _explicit(
+            module, probes, separation, query, key, value, attention_mask, causal, scale, dropout
+        )
+    else:
+        out = associate(
+            query,
+            key,
+            value,
+            separation=separation,
+            scale=scale,
+            mask=attention_mask,
+            causal=causal,
+            dropout=dropout,
+            training=True,
+        )  # type: ignore[assignment]
+    if spec.gated:
+        gate_input = module.__dict__.pop("_hopfield_gate_input", None)
+        gate = getattr(module, "gate", None)
+        if gate is None or gate_input is None:
+            raise RuntimeError(
+                f"attention {variant!r} needs a gate on {type(module).__name__}: build the model "
+                "with hopfield.integrations.build_model or call add_gates(model)"
+            )
+        out = gate(gate_input, out)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _named(variant: str) -> Callable[..., tuple[Tensor, Tensor | None]]:
+    def forward(
+        module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        return attention_forward(variant, module, query, key, value, *args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = f"{variant}_attention_forward"
+    forward.__doc__ = f"``{variant}`` attention (see :func:`attention_forward`)."
+    return forward
+
+
+ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+    name: _named(name) for name in VARIANTS
+}
+
+
+def register_attention_functions() -> None:
+    """Register every variant with ``transformers``' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    for name, function in ATTENTION_FUNCTIONS.items():
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, sdpa_mask)

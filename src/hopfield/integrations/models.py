@@ -1,0 +1,221 @@
+"""BERT, OPT and ViT with any attention variant, built from a config (no download).
+
+``build_model(family, variant, **config)`` gives the paper's models by default:
+
+* ``"bert"``: BERT-base-uncased masked LM (12 layers, d 768, 12 heads, FFN 3072, post-LN);
+  encoder + embeddings = 108,891,648 parameters ("108.9m"); gated: MLP gate
+  ``Linear(64, 16) → ReLU → Linear(16, 1)`` per head (+152,208, "109m").
+* ``"opt"``: OPT-125m causal LM with 512 positions (the authors' ``opt-12L12H`` config,
+  ``init_std`` 0.006): 124,059,648 parameters ("124.06m"); gated: linear gate per head,
+  ``pi_init`` 0.25 (+9,360, "124.07m").
+* ``"vit"``: ViT-S/16 image classifier (224², patch 16, d 384, 6 heads, FFN 1536, 1000 classes):
+  22,050,664 parameters (the paper prints "22.03m"); gated: linear gate, ``pi_init`` 0.25 (+4,680).
+
+Clipping defaults are the authors' per model (spec §3.2): BERT ``gamma = -0.025`` with ``zeta = 1``
+(``zeta = 1.1`` for ``clipped_softmax1``, as in their mapping), OPT ``alpha = 12`` over ``T = 512``
+(``gamma = -0.0234375``), ViT ``gamma = -1e-5``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, configure_attention
+from hopfield.integrations.gates import add_gates
+
+__all__ = ["FAMILIES", "Family", "build_model", "load_model", "paper_parameter_count"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: its ``transformers`` classes, paper config and per-variant defaults."""
+
+    name: str
+    config_class: str
+    model_class: str
+    defaults: dict[str, Any]
+    clip: dict[str, dict[str, float]]
+    gate_hidden_fraction: int | None  # MLP gate width = d_head // fraction; None = linear gate
+    pi_init: float | None
+    counted: str | None = None  # submodule whose parameters the paper counts (None = all)
+    length_key: str = field(default="max_position_embeddings")
+
+
+FAMILIES: dict[str, Family] = {
+    "bert": Family(
+        name="bert",
+        config_class="BertConfig",
+        model_class="BertForMaskedLM",
+        defaults={},  # BertConfig() is bert-base-uncased
+        clip={
+            "clipped": {"gamma": -0.025, "zeta": 1.0},
+            "clipped_softmax1": {"gamma": -0.025, "zeta": 1.1},
+        },
+        gate_hidden_fraction=4,
+        pi_init=None,
+        counted="bert",
+    ),
+    "opt": Family(
+        name="opt",
+        config_class="OPTConfig",
+        model_class="OPTForCausalLM",
+        defaults={"max_position_embeddings": 512, "init_std": 0.006},
+        clip={
+            "clipped": {"alpha": 12.0, "zeta": 1.0},
+            "clipped_softmax1": {"alpha": 12.0, "zeta": 1.0},
+        },
+        gate_hidden_fraction=None,
+        pi_init=0.25,
+    ),
+    "vit": Family(
+        name="vit",
+        config_class="ViTConfig",
+        model_class="ViTForImageClassification",
+        defaults={
+            "hidden_size": 384,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 6,
+            "intermediate_size": 1536,
+            "image_size": 224,
+            "patch_size": 16,
+            "num_labels": 1000,
+        },
+        clip={
+            "clipped": {"gamma": -1e-5, "zeta": 1.0},
+            "clipped_softmax1": {"gamma": -1e-5, "zeta": 1.0},
+        },
+        gate_hidden_fraction=None,
+        pi_init=0.25,
+    ),
+}
+
+
+def _family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {name!r}")
+    return FAMILIES[name]
+
+
+def _classes(family: Family) -> tuple[Any, Any]:
+    import transformers
+
+    from hopfield.integrations.attention import register_attention_functions
+
+    register_attention_functions()
+    return getattr(transformers, family.config_class), getattr(transformers, family.model_class)
+
+
+def build_model(
+    family: str,
+    variant: str = "softmax",
+    *,
+    gamma: float | None = None,
+    zeta: float | None = None,
+    alpha: float | None = None,
+    gate_hidden: int | None = None,
+    pi_init: float | None = None,
+    **config: Any,
+) -> nn.Module:
+    """A randomly initialised ``transformers`` model of ``family`` with attention ``variant``.
+
+    Args:
+        family: ``"bert"`` (masked LM), ``"opt"`` (causal LM) or ``"vit"`` (image classifier).
+        variant: ``"softmax"`` (vanilla), ``"softmax1"`` (OutEffHop), ``"clipped"``,
+            ``"clipped_softmax1"``, ``"gated"``, ``"gated_softmax1"``, ``"gated_clipped"``,
+            ``"gated_clipped_softmax1"``, or any attention implementation ``transformers`` knows
+            (``"sdpa"``, ``"eager"``) for the untouched model.
+        gamma, zeta, alpha: clipping parameters (default: the family's, see the module docstring);
+            ``alpha`` gives ``gamma = -alpha / T`` with ``T = max_position_embeddings``.
+        gate_hidden, pi_init: gate design (default: the family's).
+        **config: overrides of the family's ``transformers`` config (e.g. ``num_hidden_layers=2``).
+
+    Returns:
+        The model (in training mode, float32, on CPU).
+    """
+    fam = _family(family)
+    config_class, model_class = _classes(fam)
+    cfg = config_class(**{**fam.defaults, **config})
+    if variant in VARIANTS:
+        spec = VARIANTS[variant]
+        options: dict[str, Any] = {}
+        if spec.clipped:
+            clip: dict[str, Any] = dict(fam.clip["clipped_softmax1" if spec.n else "clipped"])
+            if gamma is not None or alpha is not None:
+                clip.pop("gamma", None)
+                clip.pop("alpha", None)
+                clip.update({"gamma": gamma} if gamma is not None else {"alpha": alpha})
+            if zeta is not None:
+                clip["zeta"] = zeta
+            if "alpha" in clip:
+                clip["length"] = getattr(cfg, fam.length_key)
+            options.update(clip)
+        if spec.gated:
+            head = cfg.hidden_size // cfg.num_attention_heads
+            default_hidden = head // fam.gate_hidden_fraction if fam.gate_hidden_fraction else None
+            options["gate_hidden"] = default_hidden if gate_hidden is None else gate_hidden
+            options["pi_init"] = fam.pi_init if pi_init is None else pi_init
+        configure_attention(cfg, variant, **options)
+    else:
+        if any(x is not None for x in (gamma, zeta, alpha, gate_hidden, pi_init)):
+            raise ValueError(f"clipping/gate options need a hopfield variant, not {variant!r}")
+        cfg._attn_implementation = variant
+    model = model_class(cfg)
+    _finish(model)
+    return model
+
+
+def _finish(model: nn.Module) -> None:
+    """Add the gates that the config's variant asks for."""
+    settings = getattr(model.config, CONFIG_KEY, None)
+    if isinstance(settings, dict) and VARIANTS[settings["variant"]].gated:
+        add_gates(model, hidden=settings.get("gate_hidden"), pi_init=settings.get("pi_init"))
+
+
+def load_model(path: str | Path, **kwargs: Any) -> nn.Module:
+    """Load a model saved with ``save_pretrained`` keeping its attention variant and gates.
+
+    ``transformers`` does not save ``attn_implementation``; the variant is read back from
+    ``config.hopfield_attention``. The model is loaded with ``from_pretrained`` (``kwargs`` are
+    passed on), the gates are added and their weights loaded from the checkpoint.
+    """
+    import transformers
+    from safetensors.torch import load_file
+
+    from hopfield.integrations.attention import register_attention_functions
+
+    register_attention_functions()
+    path = Path(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    family = _family(config.model_type)
+    settings = getattr(config, CONFIG_KEY, None)
+    if isinstance(settings, dict):
+        kwargs.setdefault("attn_implementation", settings["variant"])
+    model_class = getattr(transformers, family.model_class)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the gate weights are "unexpected" to the class
+    try:
+        model = model_class.from_pretrained(path, **kwargs)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    _finish(model)
+    gate_state = {}
+    for file in sorted(path.glob("*.safetensors")):
+        gate_state.update({k: v for k, v in load_file(str(file)).items() if ".gate." in k})
+    if gate_state:
+        missing = [k for k in model.state_dict() if ".gate." in k and k not in gate_state]
+        if missing:
+            raise ValueError(f"path: checkpoint lacks gate weights {missing[:3]}...")
+        model.load_state_dict(gate_state, strict=False)
+    return model
+
+
+def paper_parameter_count(model: nn.Module) -> int:
+    """Parameters as the paper counts them (BERT: encoder and embeddings, without the MLM head
+    and pooler; OPT and ViT: the whole model, tied embeddings counted once)."""
+    family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", ""))
+    counted = getattr(model, family.counted) if family and family.counted else model
+    return sum(p.numel() for p in counted.parameters())

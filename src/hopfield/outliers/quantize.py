@@ -1,0 +1,359 @@
+"""W8A8 post-training fake quantization (spec §4.3; Bondarenko et al.'s "full INT8 activations").
+
+Everything is simulated in floating point: a quantized tensor holds values of the 8-bit grid.
+
+* **Weights** (``nn.Linear``, ``nn.Embedding``, ``nn.Conv2d``): INT8 symmetric per-tensor min–max,
+  ``scale = max(|w_min|, |w_max|) / 127``, ``q = clamp(round(w / scale), -128, 127)``
+  (``/ 255`` on the unsigned grid ``[0, 255]`` for a non-negative tensor).
+* **Activations**: INT8 asymmetric per-tensor, ``x_min <- min(x_min, 0)``,
+  ``x_max <- max(x_max, 1e-8)``, ``scale = (x_max - x_min) / 255``,
+  ``zero_point = clamp(round(-x_min / scale), 0, 255)``,
+  ``x̂ = (clamp(round(x / scale) + zero_point, 0, 255) - zero_point) · scale``.
+  Ranges are calibrated on the first batches, with a running min–max of momentum 0.9 (the first
+  batch initialises) or per-batch percentiles, on the float model, then frozen.
+* **FP8** (``fmt="fp8_e4m3"``): per-tensor absmax scaling to 448, rounding through
+  ``torch.float8_e4m3fn``, for weights and activations.
+
+Quantizer placement (:func:`quantize_w8a8`): the input and output of every linear layer, the
+outputs of embeddings and activation functions (FFN intermediate), the input (residual or
+embedding sum) and output of every LayerNorm, the output of every transformer block (the residual
+stream of pre-LN models), and, through an attention probe, the attention scores (before the mask)
+and probabilities (after the separation). Modules under ``keep_fp`` (the LM/classification head)
+stay in floating point.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+__all__ = [
+    "FORMATS",
+    "ActivationQuantizer",
+    "AttentionQuantizer",
+    "WeightQuantizer",
+    "activation_quantizers",
+    "fake_quantize_asymmetric",
+    "fake_quantize_fp8",
+    "fake_quantize_weight",
+    "quantize_w8a8",
+    "symmetric_scale",
+]
+
+FORMATS = ("int8", "fp8_e4m3")
+FP8_MAX = 448.0
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    return fmt
+
+
+def symmetric_scale(w: Tensor) -> tuple[Tensor, bool]:
+    """Per-tensor symmetric scale of ``w`` and whether the unsigned grid is used.
+
+    ``max(|w_min|, |w_max|) / 127`` (``/ 255`` with the grid ``[0, 255]`` if ``w >= 0``).
+    """
+    unsigned = bool(w.min() >= 0)
+    absmax = w.detach().abs().max().clamp_min(1e-8)
+    return absmax / (255.0 if unsigned else 127.0), unsigned
+
+
+def fake_quantize_fp8(x: Tensor, absmax: Tensor | float) -> Tensor:
+    """Round ``x`` through FP8 e4m3 after per-tensor scaling of ``absmax`` to 448 (saturating)."""
+    scale = torch.as_tensor(absmax, dtype=x.dtype, device=x.device).clamp_min(1e-8) / FP8_MAX
+    scaled = (x / scale).clamp(-FP8_MAX, FP8_MAX)
+    return scaled.to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
+def fake_quantize_weight(w: Tensor, fmt: str = "int8") -> Tensor:
+    """Weights on the per-tensor 8-bit grid (symmetric INT8 min–max, or FP8 e4m3)."""
+    if _check_format(fmt) == "fp8_e4m3":
+        return fake_quantize_fp8(w, w.detach().abs().max())
+    scale, unsigned = symmetric_scale(w)
+    low, high = (0, 255) if unsigned else (-128, 127)
+    return torch.clamp(torch.round(w / scale), low, high) * scale
+
+
+def fake_quantize_asymmetric(x: Tensor, x_min: Tensor | float, x_max: Tensor | float) -> Tensor:
+    """Asymmetric per-tensor INT8 fake quantization of ``x`` with the range ``[x_min, x_max]``.
+
+    The range is first widened to contain 0 (``x_min <= 0 < x_max``); values outside it saturate.
+    """
+    lo = torch.as_tensor(x_min, dtype=x.dtype, device=x.device).clamp_max(0.0)
+    hi = torch.as_tensor(x_max, dtype=x.dtype, device=x.device).clamp_min(1e-8)
+    scale = (hi - lo) / 255.0
+    zero_point = torch.clamp(torch.round(-lo / scale), 0, 255)
+    return (torch.clamp(torch.round(x / scale) + zero_point, 0, 255) - zero_point) * scale
+
+
+class WeightQuantizer(nn.Module):
+    """A parametrization (:func:`torch.nn.utils.parametrize.register_parametrization`) that
+    fake-quantizes a weight per tensor. The original stays in floating point, so a tied copy (an LM
+    head sharing the embedding matrix) is unaffected."""
+
+    def __init__(self, fmt: str = "int8") -> None:
+        super().__init__()
+        self.fmt = _check_format(fmt)
+
+    def forward(self, weight: Tensor) -> Tensor:
+        """The weight on the 8-bit grid."""
+        return fake_quantize_weight(weight, self.fmt)
+
+    def extra_repr(self) -> str:
+        return f"fmt={self.fmt!r}"
+
+
+class ActivationQuantizer(nn.Module):
+    """Per-tensor 8-bit activation quantizer with calibrated, then frozen, range.
+
+    States: ``"calibrate"`` (pass through unchanged, update the range), ``"quantize"``
+    (fake-quantize with the frozen range), ``"off"`` (pass through).
+
+    Args:
+        fmt: ``"int8"`` (asymmetric) or ``"fp8_e4m3"`` (absmax of the range).
+        momentum: running min–max ``r <- momentum · r + (1 - momentum) · batch`` (first batch
+            initialises).
+        percentile: use the ``(100 - p)``-th and ``p``-th percentiles of each batch instead of its
+            min and max (e.g. ``99.999``); ``None`` = min–max.
+    """
+
+    x_min: Tensor
+    x_max: Tensor
+    batches: Tensor
+
+    def __init__(
+        self,
+        fmt: str = "int8",
+        momentum: float = 0.9,
+        percentile: float | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.fmt = _check_format(fmt)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+        if percentile is not None and not 50.0 < percentile <= 100.0:
+            raise ValueError(f"percentile must lie in (50, 100], got {percentile}")
+        self.momentum, self.percentile = momentum, percentile
+        self.state = "calibrate"
+        real = dtype or torch.float32
+        self.register_buffer("x_min", torch.zeros((), device=device, dtype=real))
+        self.register_buffer("x_max", torch.zeros((), device=device, dtype=real))
+        self.register_buffer("batches", torch.zeros((), dtype=torch.long, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Forget the calibrated range."""
+        self.x_min.zero_()
+        self.x_max.zero_()
+        self.batches.zero_()
+
+    def _batch_range(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        flat = x.detach().reshape(-1).float()
+        if self.percentile is None or flat.numel() < 2:
+            return flat.min(), flat.max()
+        n = flat.numel()
+        k_low = max(1, round(n * (100.0 - self.percentile) / 100.0))
+        k_high = max(1, min(n, round(n * self.percentile / 100.0)))
+        return flat.kthvalue(k_low).values, flat.kthvalue(k_high).values
+
+    def observe(self, x: Tensor) -> None:
+        """Update the running range with one batch."""
+        lo, hi = self._batch_range(x)
+        lo, hi = lo.to(self.x_min.dtype), hi.to(self.x_max.dtype)
+        if int(self.batches) == 0:
+            self.x_min.copy_(lo)
+            self.x_max.copy_(hi)
+        else:
+            self.x_min.mul_(self.momentum).add_((1 - self.momentum) * lo)
+            self.x_max.mul_(self.momentum).add_((1 - self.momentum) * hi)
+        self.batches += 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` of any shape; quantized only in state ``"quantize"``."""
+        if self.state == "calibrate":
+            self.observe(x)
+            return x
+        if self.state == "off":
+            return x
+        if int(self.batches) == 0:
+            raise RuntimeError("ActivationQuantizer: quantizing before any calibration batch")
+        if self.fmt == "fp8_e4m3":
+            return fake_quantize_fp8(x, torch.maximum(self.x_min.abs(), self.x_max.abs()))
+        return fake_quantize_asymmetric(x, self.x_min, self.x_max)
+
+    def extra_repr(self) -> str:
+        return (
+            f"fmt={self.fmt!r}, state={self.state!r}, range=[{float(self.x_min):.4g}, "
+            f"{float(self.x_max):.4g}]"
+        )
+
+
+def _quantize_value(quantizer: ActivationQuantizer, value: Any) -> Any:
+    if isinstance(value, Tensor) and value.is_floating_point():
+        return quantizer(value)
+    if isinstance(value, tuple) and value and isinstance(value[0], Tensor):
+        return (_quantize_value(quantizer, value[0]), *value[1:])
+    return value
+
+
+def _input_hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    if not args:
+        return None
+    return (_quantize_value(module.input_quantizer, args[0]), *args[1:])  # type: ignore[arg-type]
+
+
+def _output_hook(module: nn.Module, args: Any, output: Any) -> Any:
+    return _quantize_value(module.output_quantizer, output)  # type: ignore[arg-type]
+
+
+class AttentionQuantizer(nn.Module):
+    """Quantizers of an attention module's scores (before the mask) and probabilities.
+
+    Used as a probe of :mod:`hopfield.integrations.attention` (the registered attention functions
+    call :meth:`scores` and :meth:`weights`).
+    """
+
+    def __init__(
+        self, fmt: str = "int8", momentum: float = 0.9, percentile: float | None = None
+    ) -> None:
+        super().__init__()
+        self.score_quantizer = ActivationQuantizer(fmt, momentum, percentile)
+        self.weight_quantizer = ActivationQuantizer(fmt, momentum, percentile)
+
+    def scores(self, module: nn.Module, scores: Tensor) -> Tensor:
+        """Quantized raw scores ``(B, H, L, S)``."""
+        return self.score_quantizer(scores)
+
+    def weights(self, module: nn.Module, weights: Tensor, masked_scores: Tensor) -> Tensor:
+        """Quantized attention probabilities ``(B, H, L, S)``."""
+        return self.weight_quantizer(weights)
+
+
+def activation_quantizers(model: nn.Module) -> dict[str, ActivationQuantizer]:
+    """Every :class:`ActivationQuantizer` of ``model`` by name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, ActivationQuantizer)}
+
+
+_BLOCK = re.compile(r".*\.(?:layer|layers)\.\d+")
+_LINEAR_LIKE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
+_ACTIVATIONS = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh)
+
+
+def _is_activation(module: nn.Module) -> bool:
+    return isinstance(module, _ACTIVATIONS) or type(module).__name__.endswith("Activation")
+
+
+def _run(model: nn.Module, batch: Any) -> None:
+    if isinstance(batch, dict):
+        model(**batch)
+    elif isinstance(batch, tuple | list):
+        model(*batch)
+    else:
+        model(batch)
+
+
+def quantize_w8a8(
+    model: nn.Module,
+    calibration_batches: Iterable[Any],
+    *,
+    num_batches: int = 16,
+    fmt: str = "int8",
+    momentum: float = 0.9,
+    percentile: float | None = None,
+    keep_fp: Sequence[str] = ("cls", "lm_head", "classifier"),
+    inplace: bool = False,
+) -> nn.Module:
+    """A W8A8 fake-quantized copy of ``model``, its activation ranges calibrated and frozen.
+
+    Args:
+        model: a ``transformers`` BERT/OPT/ViT model (any attention implementation; models not on
+            one of this package's attention functions are switched to the equivalent ``"softmax"``
+            one, so scores and probabilities can be quantized), or any ``nn.Module``.
+        calibration_batches: batches for range estimation: dicts (``model(**batch)``), tuples
+            (``model(*batch)``) or tensors (``model(batch)``).
+        num_batches: how many calibration batches to use (the spec: 16 for BERT, 4 for OPT).
+        fmt: ``"int8"`` (the Bondarenko/Qualcomm protocol) or ``"fp8_e4m3"``.
+        momentum: running min–max momentum.
+        percentile: per-batch percentile range (e.g. ``99.999`` for OPT); ``None`` = min–max.
+        keep_fp: name prefixes (first component, or dotted path) of modules left in floating
+            point (the MLM head ``cls``, ``lm_head``, the ViT ``classifier``).
+        inplace: modify ``model`` instead of a deep copy.
+
+    Returns:
+        The quantized model in eval mode: evaluating it gives the W8A8 metric.
+    """
+    _check_format(fmt)
+    if not isinstance(num_batches, int) or num_batches < 1:
+        raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
+    model = model if inplace else copy.deepcopy(model)
+    model.eval()
+
+    def kept(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in keep_fp)
+
+    def quantizer() -> ActivationQuantizer:
+        return ActivationQuantizer(fmt, momentum, percentile)
+
+    attention_like = _attention_modules(model)
+    with torch.no_grad():
+        for name, module in list(model.named_modules()):
+            if not name or kept(name) or ".parametrizations." in name:
+                continue
+            weight = getattr(module, "weight", None)
+            quant_in = quant_out = False
+            if isinstance(module, _LINEAR_LIKE) and isinstance(weight, Tensor):
+                parametrize.register_parametrization(module, "weight", WeightQuantizer(fmt))
+                quant_in, quant_out = not isinstance(module, nn.Embedding), True
+            elif isinstance(module, nn.LayerNorm):
+                quant_in = quant_out = True
+            elif _is_activation(module) or _BLOCK.fullmatch(name):
+                quant_out = True
+            if quant_in:
+                module.add_module("input_quantizer", quantizer())
+                module.register_forward_pre_hook(_input_hook)
+            if quant_out:
+                module.add_module("output_quantizer", quantizer())
+                module.register_forward_hook(_output_hook)
+        for name, module in attention_like:
+            if kept(name):
+                continue
+            probe = AttentionQuantizer(fmt, momentum, percentile)
+            module.add_module("attention_quantizer", probe)
+            module.__dict__.setdefault("_hopfield_probes", []).append(probe)
+        quantizers = activation_quantizers(model)
+        for q in quantizers.values():
+            q.state = "calibrate"
+        used = 0
+        for batch in calibration_batches:
+            _run(model, batch)
+            used += 1
+            if used >= num_batches:
+                break
+        if used == 0:
+            raise ValueError("calibration_batches is empty")
+        for q in quantizers.values():
+            q.state = "quantize" if int(q.batches) > 0 else "off"
+    return model
+
+
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's attention modules, switched to a probe-aware attention function if needed."""
+    try:
+        from hopfield.integrations import VARIANTS, attention_modules
+    except ImportError:  # transformers not installed: no attention modules to probe
+        return []
+    found = attention_modules(model)
+    config = getattr(model, "config", None)
+    if found and config is not None and config._attn_implementation not in VARIANTS:
+        model.set_attn_implementation("softmax")  # type: ignore[operator]
+    return found
