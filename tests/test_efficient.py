@@ -1,0 +1,456 @@
+"""TopK, RandomMask and Window against dense association under the equivalent explicit -inf mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from hopfield.functional import Entmax, Softmax, Sparsemax, associate
+from hopfield.functional.efficient import RandomMask, TopK, Window, floyd_sample
+from hopfield.nn import Hopfield
+
+D = torch.float64
+NO = {"causal": False, "dropout": 0.0, "return_weights": False}
+
+
+def patterns(b: int = 2, h: int = 3, length: int = 11, size: int = 11, e: int = 4, ev: int = 5):
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, length, e, dtype=D, generator=gen, requires_grad=True)
+    k = torch.randn(b, h, size, e, dtype=D, generator=gen, requires_grad=True)
+    v = torch.randn(b, h, size, ev, dtype=D, generator=gen, requires_grad=True)
+    return q, k, v
+
+
+def reference(q, k, v, separation, scale, allowed: Tensor, bias: Tensor | None = None):
+    """Dense association with an explicit boolean support (``False`` -> -inf)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    weights = separation(scores.masked_fill(~allowed, -math.inf))
+    return torch.matmul(weights, v), weights
+
+
+def causal_allowed(length: int, size: int) -> Tensor:
+    return torch.arange(size)[None, :] <= torch.arange(length)[:, None] + size - length
+
+
+def assert_same(out, ref, inputs) -> None:
+    """Values and gradients (of a random linear functional) agree in float64."""
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    probe = torch.randn_like(out)
+    g1 = torch.autograd.grad((out * probe).sum(), inputs, retain_graph=True)
+    g2 = torch.autograd.grad((ref * probe).sum(), inputs, retain_graph=True)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def topk_support(q, k, scale, count: Tensor | int, allowed: Tensor | None = None) -> Tensor:
+    """Independent oracle: a key is kept iff its score is >= the K-th largest allowed score."""
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * scale).detach()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    ordered = scores.sort(dim=-1, descending=True).values
+    count = torch.as_tensor(count).expand(scores.shape[:-1])
+    threshold = ordered.gather(-1, (count - 1).unsqueeze(-1))
+    return (scores >= threshold) & torch.isfinite(scores)
+
+
+# ------------------------------------------------------------------------------------------------
+# TopK
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax(), Entmax(1.5)])
+@pytest.mark.parametrize("chunk_size,block", [(1024, 1 << 23), (3, 40)])
+def test_topk_equals_dense_with_explicit_mask(separation, chunk_size, block) -> None:
+    q, k, v = patterns(length=9, size=23)
+    structure = TopK(5, chunk_size=chunk_size, max_block_elements=block)
+    out, _ = structure(q, k, v, separation=separation, scale=0.7, mask=None, **NO)
+    allowed = topk_support(q, k, 0.7, 5)
+    assert int(allowed.sum(-1).min()) == 5 == int(allowed.sum(-1).max())
+    ref, _ = reference(q, k, v, separation, 0.7, allowed)
+    assert_same(out, ref, (q, k, v))
+
+
+def test_topk_fraction_counts_valid_keys_per_row_and_padding() -> None:
+    q, k, v = patterns(b=3, length=6, size=17)
+    valid = torch.tensor([17, 10, 3])
+    padding = (torch.arange(17)[None, :] < valid[:, None]).view(3, 1, 1, 17)
+    scale = torch.tensor([0.5, 1.0, 2.0], dtype=D).view(3, 1, 1)  # per head
+    structure = TopK(fraction=0.3, chunk_size=4)
+    out, weights = structure(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=scale,
+        mask=padding,
+        causal=False,
+        dropout=0.0,
+        return_weights=True,
+    )
+    counts = torch.clamp((valid.double() * 0.3).floor().long(), min=1)  # 5, 3, 1
+    allowed = topk_support(q, k, scale, counts.view(3, 1, 1), padding)
+    assert weights is not None
+    assert torch.equal((weights > 0), allowed)
+    assert torch.equal((weights > 0).sum(-1)[:, 0, 0], counts)
+    ref, ref_w = reference(q, k, v, Softmax(), scale, allowed)
+    torch.testing.assert_close(weights, ref_w)
+    assert_same(out, ref, (q, k, v))
+
+
+def test_topk_zeros_outside_support_and_additive_mask() -> None:
+    q, k, v = patterns(length=5, size=12)
+    bias = torch.randn(1, 1, 5, 12, dtype=D).masked_fill(torch.rand(1, 1, 5, 12) < 0.3, -math.inf)
+    out, weights = TopK(4)(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        mask=bias,
+        causal=False,
+        dropout=0.0,
+        return_weights=True,
+    )
+    assert weights is not None
+    scores = torch.matmul(q, k.transpose(-1, -2)).detach() + bias
+    kth = scores.sort(-1, descending=True).values[..., 3:4]
+    outside = scores < kth
+    assert (weights[outside] == 0).all()  # exactly zero, not merely small
+    ref, _ = reference(q, k, v, Softmax(), 1.0, ~outside & torch.isfinite(scores), bias)
+    assert_same(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("structure", [TopK(30), TopK(fraction=1.0)])
+def test_topk_with_k_at_least_keys_equals_dense(structure) -> None:
+    q, k, v = patterns(length=7, size=12)
+    out = associate(q, k, v, structure=structure)
+    dense = associate(q, k, v)
+    assert_same(out, dense, (q, k, v))
+
+
+def test_topk_causal_fully_masked_rows_and_gradcheck() -> None:
+    q, k, v = patterns(b=1, h=2, length=8, size=5, e=3, ev=2)
+    out, weights = TopK(2, chunk_size=2)(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        mask=None,
+        causal=True,
+        dropout=0.0,
+        return_weights=True,
+    )
+    # L > S: the first three queries see no key at all.
+    assert torch.isfinite(out).all()
+    assert (out[:, :, :3] == 0).all()
+    allowed = topk_support(q, k, 1.0, 2, causal_allowed(8, 5))
+    assert weights is not None
+    assert torch.equal(weights > 0, allowed)
+    ref, _ = reference(q, k, v, Softmax(), 1.0, allowed)
+    assert_same(out, ref, (q, k, v))
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+    def f(q, k, v):
+        return TopK(2, chunk_size=2)(q, k, v, separation=Softmax(), scale=0.8, mask=None, **NO)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+def test_topk_argument_errors() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        TopK()
+    with pytest.raises(ValueError, match="exactly one"):
+        TopK(3, fraction=0.5)
+    with pytest.raises(ValueError, match="k must"):
+        TopK(0)
+    with pytest.raises(ValueError, match="fraction"):
+        TopK(fraction=1.5)
+    with pytest.raises(TypeError, match="fraction"):
+        TopK(fraction="half")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunk_size"):
+        TopK(3, chunk_size=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# RandomMask
+# ------------------------------------------------------------------------------------------------
+
+
+def support_of(structure, q, k, v, **kw) -> Tensor:
+    _, weights = structure(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        return_weights=True,
+        dropout=0.0,
+        **{"mask": None, "causal": False, **kw},
+    )
+    return weights > 0
+
+
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax()])
+@pytest.mark.parametrize("k_count", [3, 10])  # Floyd sampler (k² <= 4S) and priority sampler
+def test_random_mask_equals_dense_with_its_mask(separation, k_count) -> None:
+    q, k, v = patterns(length=7, size=23)
+    structure = RandomMask(k_count, seed=3).eval()  # "fixed": the same subset at every call
+    allowed = support_of(structure, q, k, v)
+    assert (allowed.sum(-1) == k_count).all()
+    out, _ = structure(q, k, v, separation=separation, scale=0.9, mask=None, **NO)
+    ref, _ = reference(q, k, v, separation, 0.9, allowed)
+    assert_same(out, ref, (q, k, v))
+
+
+def test_random_mask_priority_sampler_with_padding_and_causal() -> None:
+    q, k, v = patterns(b=2, length=10, size=10)
+    padding = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+    padding[1, ..., 6:] = False
+    structure = RandomMask(fraction=0.5, seed=0).eval()
+    allowed = support_of(structure, q, k, v, mask=padding, causal=True)
+    visible = padding & causal_allowed(10, 10)
+    assert not (allowed & ~visible).any()
+    expected = torch.minimum(
+        torch.clamp((visible.sum(-1).double() * 0.5).floor().long(), min=1), visible.sum(-1)
+    )
+    assert torch.equal(allowed.sum(-1), expected.expand_as(allowed.sum(-1)))
+    out, _ = structure(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        mask=padding,
+        causal=True,
+        dropout=0.0,
+        return_weights=False,
+    )
+    ref, _ = reference(q, k, v, Softmax(), 1.0, allowed)
+    assert_same(out, ref, (q, k, v))
+
+
+def test_random_mask_determinism_and_modes() -> None:
+    q, k, v = patterns(length=6, size=40)
+    train = RandomMask(4, seed=7)
+    first, second = support_of(train, q, k, v), support_of(train, q, k, v)
+    assert not torch.equal(first, second)  # training resamples every call
+    assert torch.equal(first, support_of(RandomMask(4, seed=7), q, k, v))  # same seed, same draws
+    gen_a, gen_b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(
+        support_of(RandomMask(4, generator=gen_a), q, k, v),
+        support_of(RandomMask(4, generator=gen_b), q, k, v),
+    )
+    fixed = RandomMask(4, seed=7).eval()
+    assert torch.equal(support_of(fixed, q, k, v), support_of(fixed, q, k, v))
+    assert not torch.equal(
+        support_of(fixed, q, k, v), support_of(RandomMask(4, seed=8).eval(), q, k, v)
+    )
+    resample = RandomMask(4, seed=7, eval_sampling="resample").eval()
+    assert not torch.equal(support_of(resample, q, k, v), support_of(resample, q, k, v))
+    dense = RandomMask(4, eval_sampling="dense").eval()
+    torch.testing.assert_close(associate(q, k, v, structure=dense), associate(q, k, v))
+    with pytest.raises(ValueError, match="eval_sampling"):
+        RandomMask(4, eval_sampling="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(1, 1, 1, 30, dtype=torch.bool)])
+def test_random_mask_force_keeps_the_target(mask) -> None:
+    q, k, v = patterns(b=2, h=1, length=30, size=30)
+    target = torch.randperm(30).view(1, 30)
+    allowed = support_of(RandomMask(3, seed=1, force=target), q, k, v, mask=mask)
+    assert (allowed.sum(-1) == 3).all()
+    assert allowed.gather(-1, target.view(1, 1, 30, 1).expand(2, 1, 30, 1)).all()
+    with pytest.raises(ValueError, match="force"):
+        support_of(RandomMask(3, force=torch.full((30,), 30)), q, k, v)
+
+
+@pytest.mark.parametrize("n,count", [(12, 3), (12, 11), (5, 5)])
+def test_floyd_sample_is_exact_and_uniform(n: int, count: int) -> None:
+    rows = 20000
+    gen = torch.Generator().manual_seed(0)
+    chosen = floyd_sample(
+        torch.full((rows,), count),
+        torch.full((rows,), n),
+        count,
+        torch.rand(rows, count, generator=gen),
+    )
+    assert ((chosen >= 0) & (chosen < n)).all()
+    assert (chosen.sort(-1).values.diff(dim=-1) > 0).all()  # distinct
+    freq = torch.bincount(chosen.flatten(), minlength=n).double() / rows
+    # Each key is included with probability count / n (binomial std <= 0.0036 here).
+    torch.testing.assert_close(freq, torch.full((n,), count / n, dtype=D), atol=0.02, rtol=0)
+    if count == 3:  # all 220 subsets are about equally frequent
+        codes = (1 << chosen).sum(-1)
+        _, hist = codes.unique(return_counts=True)
+        assert hist.numel() == math.comb(n, count)
+        assert hist.max() / hist.min() < 2.5
+
+
+def test_random_mask_inclusion_is_uniform_in_both_samplers() -> None:
+    q = torch.zeros(1, 1, 4000, 2)
+    k = torch.zeros(1, 1, 16, 2)
+    v = torch.zeros(1, 1, 16, 1)
+    for structure, mask in (
+        (RandomMask(2, seed=0), None),
+        (RandomMask(6, seed=0), None),
+        (RandomMask(2, seed=0), torch.ones(1, 1, 1, 16, dtype=torch.bool)),
+    ):
+        allowed = support_of(structure, q, k, v, mask=mask)
+        freq = allowed.double().mean(dim=(0, 1, 2))
+        expected = structure.k / 16
+        torch.testing.assert_close(freq, torch.full((16,), expected, dtype=D), atol=0.03, rtol=0)
+
+
+def test_random_mask_gradcheck() -> None:
+    q, k, v = patterns(b=1, h=2, length=5, size=6, e=3, ev=2)
+
+    def f(q, k, v):
+        structure = RandomMask(3, seed=0).eval()
+        return structure(q, k, v, separation=Softmax(), scale=0.8, mask=None, **NO)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+# ------------------------------------------------------------------------------------------------
+# Window
+# ------------------------------------------------------------------------------------------------
+
+
+def band(length: int, w: int, causal: bool = False) -> Tensor:
+    rel = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+    return (rel >= -w) & (rel <= (0 if causal else w))
+
+
+@pytest.mark.parametrize(
+    "length,w,block",
+    [(1, 2, None), (7, 1, None), (13, 3, 4), (37, 5, None), (29, 4, 7), (11, 0, 3)],
+)
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax()])
+def test_window_equals_dense_with_band_mask(length, w, block, separation) -> None:
+    q, k, v = patterns(length=length, size=length)
+    out, weights = Window(w, block=block)(
+        q,
+        k,
+        v,
+        separation=separation,
+        scale=0.6,
+        mask=None,
+        causal=False,
+        dropout=0.0,
+        return_weights=True,
+    )
+    ref, ref_w = reference(q, k, v, separation, 0.6, band(length, w))
+    assert weights is not None
+    torch.testing.assert_close(weights, ref_w)
+    assert (weights[..., ~band(length, w)] == 0).all()
+    assert_same(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("kind", ["padding", "bool", "additive"])
+def test_window_respects_masks_and_per_query_scale(kind: str) -> None:
+    q, k, v = patterns(b=2, length=19, size=19)
+    if kind == "padding":
+        mask = torch.ones(2, 1, 1, 19, dtype=torch.bool)
+        mask[1, ..., 12:] = False
+        allowed, bias = band(19, 3) & mask, None
+    elif kind == "bool":
+        mask = torch.rand(2, 3, 19, 19) < 0.7
+        allowed, bias = band(19, 3) & mask, None
+    else:
+        mask = torch.randn(2, 1, 19, 19, dtype=D).masked_fill(
+            torch.rand(2, 1, 19, 19) < 0.2, -math.inf
+        )
+        allowed, bias = band(19, 3).expand(2, 1, 19, 19), mask
+    scale = torch.rand(1, 3, 19, 1, dtype=D) + 0.5
+    out, _ = Window(3, block=5)(q, k, v, separation=Softmax(), scale=scale, mask=mask, **NO)
+    ref, _ = reference(q, k, v, Softmax(), scale, allowed, bias)
+    assert_same(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("w", [7, 8, 50])  # w >= L - 1: every pair is in the window
+def test_window_at_least_length_equals_dense(w: int) -> None:
+    q, k, v = patterns(length=8, size=8)
+    assert_same(associate(q, k, v, structure=Window(w)), associate(q, k, v), (q, k, v))
+
+
+def test_window_causal_and_fully_masked_rows() -> None:
+    q, k, v = patterns(length=10, size=10)
+    mask = torch.ones(1, 1, 10, 10, dtype=torch.bool)
+    mask[..., 4, :] = False  # query 4 sees nothing
+    out, _ = Window(2, block=3)(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        mask=mask,
+        causal=True,
+        dropout=0.0,
+        return_weights=False,
+    )
+    assert torch.isfinite(out).all() and (out[:, :, 4] == 0).all()
+    ref, _ = reference(q, k, v, Softmax(), 1.0, band(10, 2, causal=True) & mask)
+    assert_same(out, ref, (q, k, v))
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_window_gradcheck_and_errors() -> None:
+    q, k, v = patterns(b=1, h=1, length=7, size=7, e=3, ev=2)
+
+    def f(q, k, v):
+        return Window(2, block=3)(q, k, v, separation=Softmax(), scale=0.7, mask=None, **NO)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    q2, k2, v2 = patterns(length=5, size=7)
+    with pytest.raises(ValueError, match="self-association"):
+        Window(2)(q2, k2, v2, separation=Softmax(), scale=1.0, mask=None, **NO)
+    with pytest.raises(ValueError, match="size"):
+        Window(-1)
+    with pytest.raises(ValueError, match="block"):
+        Window(2, block=0)
+
+
+@pytest.mark.parametrize("structure", [Window(2), TopK(3), RandomMask(3, seed=0).eval()])
+def test_dropout_is_unbiased_and_stays_on_the_support(structure) -> None:
+    q, k, _ = patterns(b=1, h=1, length=6, size=6)
+    q, k = q.detach(), k.detach()
+    v = torch.eye(6, dtype=D).view(1, 1, 6, 6)  # the output rows are the (dropped) weights
+    kw = {"separation": Softmax(), "scale": 1.0, "mask": None, "causal": False}
+    clean, weights = structure(q, k, v, dropout=0.0, return_weights=True, **kw)
+    torch.testing.assert_close(clean, weights)
+    draws = torch.stack(
+        [structure(q, k, v, dropout=0.5, return_weights=False, **kw)[0] for _ in range(600)]
+    )
+    # Every draw keeps each weight of the support doubled or drops it; nothing leaves the support.
+    doubled = (draws - 2 * weights).abs() < 1e-12
+    assert ((draws == 0) | doubled).all()
+    assert (draws[:, weights == 0] == 0).all()
+    assert doubled.any() and (draws == 0).any()
+    torch.testing.assert_close(draws.mean(0), weights, atol=0.08, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through associate() and the layers
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("structure", [TopK(3), RandomMask(3, seed=0), Window(2)])
+def test_structures_in_hopfield_layer_with_padding(structure) -> None:
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, structure=structure).double().eval()
+    x = torch.randn(2, 9, 8, dtype=D)
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[1, 6:] = True
+    result = layer(x, key_padding_mask=padding, return_weights=True)
+    out, weights = result.output, result.weights
+    assert out.shape == (2, 9, 8) and torch.isfinite(out).all()
+    assert weights is not None and (weights[1, ..., 6:] == 0).all()
+    out.sum().backward()

@@ -1,0 +1,313 @@
+"""Linear and random-feature association against their naive quadratic formulas."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hopfield.functional import Softmax, SoftmaxN, Sparsemax, associate
+from hopfield.functional.efficient_kernel import (
+    Linear,
+    RandomFeatures,
+    kernel_association,
+    orthogonal_gaussian,
+)
+from hopfield.nn import Hopfield, HopfieldPooling
+
+D = torch.float64
+NO = {"causal": False, "dropout": 0.0, "return_weights": False}
+
+
+def patterns(b: int = 2, h: int = 3, length: int = 11, size: int = 11, e: int = 4, ev: int = 5):
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(b, h, length, e, dtype=D, generator=gen, requires_grad=True)
+    k = torch.randn(b, h, size, e, dtype=D, generator=gen, requires_grad=True)
+    v = torch.randn(b, h, size, ev, dtype=D, generator=gen, requires_grad=True)
+    return q, k, v
+
+
+def naive(kernel: Tensor, v: Tensor, eps: float, allowed: Tensor | None = None) -> Tensor:
+    """``Σ_j K_ij v_j / (Σ_j K_ij + eps)`` with an explicit (L, S) double loop-free sum."""
+    if allowed is not None:
+        kernel = kernel * allowed
+    return (kernel.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2) / (kernel.sum(-1, keepdim=True) + eps)
+
+
+def causal_allowed(length: int, size: int) -> Tensor:
+    return torch.arange(size)[None, :] <= torch.arange(length)[:, None] + size - length
+
+
+def assert_same(out, ref, inputs) -> None:
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
+    probe = torch.randn_like(out)
+    g1 = torch.autograd.grad((out * probe).sum(), inputs, retain_graph=True)
+    g2 = torch.autograd.grad((ref * probe).sum(), inputs, retain_graph=True)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def elu1(x: Tensor) -> Tensor:
+    return torch.where(x > 0, x + 1, torch.exp(x))
+
+
+# ------------------------------------------------------------------------------------------------
+# Linear
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "length,size,causal,chunk",
+    [
+        (11, 11, False, 128),
+        (11, 11, True, 4),
+        (7, 12, True, 3),
+        (12, 7, True, 5),
+        (9, 9, True, 128),
+    ],
+)
+def test_linear_equals_naive_formula(length, size, causal, chunk) -> None:
+    q, k, v = patterns(length=length, size=size)
+    structure = Linear(chunk_size=chunk)
+    out, weights = structure(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=0.3,
+        mask=None,
+        causal=causal,
+        dropout=0.0,
+        return_weights=True,
+    )
+    kernel = torch.matmul(elu1(q), elu1(k).transpose(-1, -2))
+    allowed = causal_allowed(length, size) if causal else None
+    ref = naive(kernel, v, 1e-6, allowed)
+    assert_same(out, ref, (q, k, v))
+    assert weights is not None
+    torch.testing.assert_close(torch.matmul(weights, v), out)
+    if causal:
+        assert (weights[..., ~causal_allowed(length, size)] == 0).all()
+        if length > size:  # the first queries see no key: zeros, no NaN
+            assert (out[:, :, : length - size] == 0).all()
+
+
+def test_linear_key_masks_zero_the_padded_keys() -> None:
+    q, k, v = patterns(b=2, length=6, size=9)
+    padding = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    padding[1, ..., 5:] = False
+    padding[0, ..., :] = False  # batch 0 fully masked: zeros, finite gradients
+    out, _ = Linear()(q, k, v, separation=Softmax(), scale=1.0, mask=padding, **NO)
+    kernel = torch.matmul(elu1(q), elu1(k).transpose(-1, -2))
+    ref = naive(kernel, v, 1e-6, padding)
+    assert_same(out, ref, (q, k, v))
+    assert (out[0] == 0).all()
+    # An additive key mask m_j multiplies key j's kernel by exp(m_j), as it does for the softmax.
+    bias = torch.randn(2, 1, 1, 9, dtype=D)
+    out, _ = Linear()(q, k, v, separation=Softmax(), scale=1.0, mask=bias, **NO)
+    assert_same(out, naive(kernel * bias.exp(), v, 1e-6), (q, k, v))
+
+
+def test_kernel_structures_reject_what_they_cannot_do() -> None:
+    q, k, v = patterns(length=5, size=5)
+    for structure in (Linear(), RandomFeatures(seed=0)):
+        for separation in (Sparsemax(), SoftmaxN(1.0)):
+            with pytest.raises(ValueError, match="separation"):
+                structure(q, k, v, separation=separation, scale=1.0, mask=None, **NO)
+        with pytest.raises(ValueError, match="mask"):
+            structure(
+                q,
+                k,
+                v,
+                separation=Softmax(),
+                scale=1.0,
+                mask=torch.ones(1, 1, 5, 5, dtype=torch.bool),
+                **NO,
+            )
+        with pytest.raises(ValueError, match="dropout"):
+            structure(
+                q,
+                k,
+                v,
+                separation=Softmax(),
+                scale=1.0,
+                mask=None,
+                causal=False,
+                dropout=0.1,
+                return_weights=False,
+            )
+    with pytest.raises(ValueError, match="feature_map"):
+        Linear("relu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="eps"):
+        Linear(eps=-1.0)
+    with pytest.raises(ValueError, match="scale"):
+        RandomFeatures(seed=0)(q, k, v, separation=Softmax(), scale=-1.0, mask=None, **NO)
+    with pytest.raises(ValueError, match="scale"):
+        RandomFeatures(seed=0)(
+            q, k, v, separation=Softmax(), scale=torch.ones(1, 1, 5, 1, dtype=D), mask=None, **NO
+        )
+    with pytest.raises(ValueError, match="kernel"):
+        RandomFeatures(kernel="cos")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_features"):
+        RandomFeatures(0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Random features
+# ------------------------------------------------------------------------------------------------
+
+
+def test_orthogonal_projection_rows_are_orthogonal_in_blocks() -> None:
+    w = orthogonal_gaussian(10, 4, generator=torch.Generator().manual_seed(0))
+    assert w.shape == (10, 4)
+    for block in (w[:4], w[4:8]):
+        gram = block @ block.T
+        off = gram - torch.diag(torch.diagonal(gram))
+        assert off.abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_prf_kernel_estimate_converges_like_one_over_sqrt_m(orthogonal: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 16, 8, dtype=D, generator=gen) * 0.35
+    k = torch.randn(1, 1, 16, 8, dtype=D, generator=gen) * 0.35
+    beta = 0.5
+    exact = torch.exp(beta * q @ k.transpose(-1, -2))
+    errors = []
+    sizes = [16, 64, 256, 1024]
+    for m in sizes:
+        trials = []
+        for seed in range(20):
+            rf = RandomFeatures(m, orthogonal=orthogonal, seed=seed, dtype=D)
+            estimate = rf.kernel(q, k, beta)
+            trials.append(((estimate - exact) / exact).pow(2).mean().sqrt())
+        errors.append(float(torch.stack(trials).mean()))
+    assert all(a > b for a, b in itertools.pairwise(errors))
+    slope = math.log(errors[-1] / errors[0]) / math.log(sizes[-1] / sizes[0])
+    assert -0.7 < slope < -0.35, (errors, slope)  # relative error ~ 1/sqrt(m)
+    assert errors[-1] < 0.1
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "relu"])
+@pytest.mark.parametrize("causal,length,size", [(False, 9, 13), (True, 10, 10), (True, 6, 9)])
+def test_random_features_equal_naive_formula(kernel, causal, length, size) -> None:
+    q, k, v = patterns(length=length, size=size, e=6)
+    rf = RandomFeatures(32, kernel=kernel, seed=0, chunk_size=4, dtype=D)
+    scale = torch.tensor([0.3, 0.5, 0.8], dtype=D).view(3, 1, 1)
+    padding = torch.ones(2, 1, 1, size, dtype=torch.bool)
+    padding[1, ..., size - 3 :] = False
+    out, weights = rf(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=scale,
+        mask=padding,
+        causal=causal,
+        dropout=0.0,
+        return_weights=True,
+    )
+    allowed = padding & causal_allowed(length, size) if causal else padding
+    kernel_matrix = rf.kernel(q, k, scale)  # unstabilised features: the stabilisers cancel
+    ref = naive(kernel_matrix, v, 0.0, allowed)
+    assert_same(out, ref, (q, k, v))
+    assert weights is not None
+    torch.testing.assert_close(torch.matmul(weights, v), out)
+    if kernel == "relu":
+        w = rf.projection
+        assert w is not None and w.shape == (32, 6)
+        phi_q = F.relu((q * scale.sqrt()) @ w.T) + 1e-3
+        phi_k = F.relu((k * scale.sqrt()) @ w.T) + 1e-3
+        torch.testing.assert_close(kernel_matrix, phi_q @ phi_k.transpose(-1, -2))
+
+
+def test_random_features_approach_softmax_and_are_stable() -> None:
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 20, 8, dtype=D, generator=gen) * 0.6
+    k = torch.randn(1, 2, 50, 8, dtype=D, generator=gen) * 0.6
+    v = torch.randn(1, 2, 50, 3, dtype=D, generator=gen)
+    exact = associate(q, k, v, scale=0.3)
+    approx = associate(q, k, v, scale=0.3, structure=RandomFeatures(4096, seed=0, dtype=D))
+    assert (approx - exact).abs().max() < 0.1
+    # Large scores overflow exp() without the stabilisers; with them the result stays finite.
+    big = associate(q * 30, k * 30, v, scale=1.0, structure=RandomFeatures(64, seed=0))
+    assert torch.isfinite(big).all()
+
+
+def test_random_features_redraw_seed_and_state_dict() -> None:
+    q, k, v = patterns(length=5, size=5)
+    kw = {"separation": Softmax(), "scale": 0.5, "mask": None, **NO}
+    a, b = RandomFeatures(seed=4), RandomFeatures(seed=4)
+    torch.testing.assert_close(a(q, k, v, **kw)[0], b(q, k, v, **kw)[0])
+    assert a.projection is not None and a.projection.shape == (int(4 * math.log(4)), 4)
+    fixed = a.projection.clone()
+    a(q, k, v, **kw)
+    assert torch.equal(a.projection, fixed)  # redraw=None: never redrawn
+    restored = RandomFeatures()
+    restored.load_state_dict(a.state_dict())
+    torch.testing.assert_close(restored(q, k, v, **kw)[0], a(q, k, v, **kw)[0])
+    redrawing = RandomFeatures(seed=1, redraw=2)
+    draws = []
+    for _ in range(5):
+        redrawing(q, k, v, **kw)
+        assert redrawing.projection is not None
+        draws.append(redrawing.projection.clone())
+    same = [torch.equal(x, y) for x, y in itertools.pairwise(draws)]
+    assert same == [True, False, True, False]  # a new projection every second call
+    redrawing.eval()
+    redrawing(q, k, v, **kw)
+    assert redrawing.projection is not None and torch.equal(redrawing.projection, draws[-1])
+    redrawing.reset_parameters()
+    assert not torch.equal(redrawing.projection, draws[-1])
+    with pytest.raises(ValueError, match="pattern size"):
+        redrawing(*patterns(e=6), **kw)
+
+
+@pytest.mark.parametrize("structure", [Linear(), RandomFeatures(8, seed=0, dtype=D)])
+def test_kernel_gradcheck(structure) -> None:
+    q, k, v = patterns(b=1, h=1, length=5, size=6, e=3, ev=2)
+    scale = torch.tensor(0.7, dtype=D, requires_grad=True)
+
+    def f(q, k, v, scale):
+        return structure(
+            q,
+            k,
+            v,
+            separation=Softmax(),
+            scale=scale,
+            mask=None,
+            causal=True,
+            dropout=0.0,
+            return_weights=False,
+        )[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v, scale))
+
+
+def test_kernel_association_direct() -> None:
+    phi_q = torch.rand(1, 1, 4, 3, dtype=D)
+    phi_k = torch.rand(1, 1, 6, 3, dtype=D)
+    v = torch.randn(1, 1, 6, 2, dtype=D)
+    out, weights = kernel_association(phi_q, phi_k, v, eps=0.5, return_weights=True)
+    torch.testing.assert_close(out, naive(phi_q @ phi_k.transpose(-1, -2), v, 0.5))
+    assert weights is not None
+    torch.testing.assert_close(weights.sum(-1) < 1, torch.ones(1, 1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("structure", [Linear(), RandomFeatures(seed=0)])
+def test_kernel_structures_in_layers(structure) -> None:
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, structure=structure)
+    x = torch.randn(3, 10, 8)
+    padding = torch.zeros(3, 10, dtype=torch.bool)
+    padding[2, 7:] = True
+    out = layer(x, key_padding_mask=padding, causal=True)
+    assert out.shape == (3, 10, 8) and torch.isfinite(out).all()
+    out.sum().backward()
+    pooling = HopfieldPooling(8, quantity=2, num_heads=2, structure=structure)
+    pooled = pooling(x, key_padding_mask=padding)
+    assert pooled.shape[:2] == (3, 2) and torch.isfinite(pooled).all()
