@@ -18,17 +18,19 @@ from hopfield.functional import (
     associate,
     causal_mask,
 )
+from hopfield.functional.associate import normalize_mask
+from hopfield.functional.structures import Dense
 
 B, H, L, S, E, EV = 2, 3, 5, 7, 4, 6
 
 
 def patterns(
-    length: int = L, size: int = S, dtype: torch.dtype = torch.float64
+    length: int = L, size: int = S, dtype: torch.dtype = torch.float64, value_size: int = EV
 ) -> tuple[torch.Tensor, ...]:
     return (
         torch.randn(B, H, length, E, dtype=dtype),
         torch.randn(B, H, size, E, dtype=dtype),
-        torch.randn(B, H, size, EV, dtype=dtype),
+        torch.randn(B, H, size, value_size, dtype=dtype),
     )
 
 
@@ -71,11 +73,14 @@ SEPARATIONS = [
 ]
 
 
+@pytest.mark.parametrize("value_size", [E, EV], ids=["flash-lse", "sdpa-or-explicit"])
 @pytest.mark.parametrize("sep", SEPARATIONS, ids=lambda s: repr(s))
 @pytest.mark.parametrize("kind", list(mask_kinds()))
-def test_fast_path_equals_reference_values_and_gradients(sep: Separation, kind: str) -> None:
+def test_fast_path_equals_reference_values_and_gradients(
+    sep: Separation, kind: str, value_size: int
+) -> None:
     mask, allowed, causal = mask_kinds()[kind]
-    q, k, v = (t.requires_grad_(True) for t in patterns())
+    q, k, v = (t.requires_grad_(True) for t in patterns(value_size=value_size))
     out = associate(q, k, v, separation=sep, mask=mask, causal=causal)
     expected = reference(q, k, v, sep, 1 / math.sqrt(E), allowed)
     assert isinstance(out, torch.Tensor)
@@ -88,10 +93,35 @@ def test_fast_path_equals_reference_values_and_gradients(sep: Separation, kind: 
         assert torch.allclose(g, r, atol=1e-10)
 
 
+@pytest.mark.parametrize("n", [0, 1, 2])
+@pytest.mark.parametrize("kind", list(mask_kinds()))
+def test_zero_key_sdpa_fallback_equals_reference(n: int, kind: str) -> None:
+    """The path used off the CPU or with dropout: n zero keys appended to fused SDPA."""
+    mask, allowed, causal = mask_kinds()[kind]
+    q, k, v = (t.requires_grad_(True) for t in patterns(value_size=E))
+    normalized = normalize_mask(mask, q, k)
+    out = Dense._fused(q, k, v, n, 1 / math.sqrt(E), normalized, causal, 0.0)
+    expected = reference(q, k, v, SoftmaxN(n), 1 / math.sqrt(E), allowed)
+    assert torch.allclose(out, expected, atol=1e-12)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for g, r in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v)), strict=True):
+        assert torch.allclose(g, r, atol=1e-10)
+
+
+@pytest.mark.parametrize("n", [0.0, 1.0, 0.3])
+def test_gradcheck_flash_softmax_n(n: float) -> None:
+    q, k, v = (t[:1, :2, :4].clone().requires_grad_(True) for t in patterns(value_size=E))
+    keep = torch.rand(1, 1, 4, 4) > 0.3
+    assert gradcheck(
+        lambda a, b, c: associate(a, b, c, separation=SoftmaxN(n), mask=keep, causal=True),
+        (q, k, v),
+    )
+
+
 def test_fully_masked_rows_give_zero_output_and_finite_gradients() -> None:
-    q, k, v = (t.requires_grad_(True) for t in patterns())
     blocked = torch.zeros(B, 1, L, S, dtype=torch.bool)
-    for sep in (Softmax(), SoftmaxN(1), Sparsemax()):
+    for sep, value_size in ((Softmax(), E), (SoftmaxN(1), E), (Softmax(), EV), (Sparsemax(), EV)):
+        q, k, v = (t.requires_grad_(True) for t in patterns(value_size=value_size))
         out = associate(q, k, v, separation=sep, mask=blocked)
         assert isinstance(out, torch.Tensor)
         assert torch.equal(out, torch.zeros_like(out))

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.functional.separation import Separation
+from hopfield.functional.separation import Separation, SoftmaxN
 
 Scale = float | Tensor
 
@@ -105,11 +106,18 @@ def _extend_mask(mask: Tensor, size: int, extra: Tensor) -> Tensor:
 class Dense(Structure):
     """Every memory takes part (the modern Hopfield update / full attention).
 
-    Softmax and SoftmaxN with integer ``n`` run through the fused
-    :func:`torch.nn.functional.scaled_dot_product_attention`: ``n`` zero keys and zero values
-    are appended, and the mask is padded so they are never masked. Fully masked rows of a plain
-    softmax get one zero key that only they can see, so they return zeros instead of NaN. Every
-    other separation, and ``return_weights=True``, takes the explicit reference path.
+    Softmax and Softmax_n run through fused attention kernels without an ``L × S`` matrix:
+
+    * on the CPU without dropout, PyTorch's flash kernel gives the softmax output ``O`` and the
+      log-sum-exp ``lse`` of each row; Softmax_n is exactly ``sigmoid(lse - log n) · O``, and its
+      gradient is the kernel's backward evaluated at the augmented ``log(n + exp(lse))`` (the
+      weights of the n no-op memories never reach a key or value), for any real ``n >= 0``;
+    * elsewhere (other devices, dropout) :func:`torch.nn.functional.scaled_dot_product_attention`
+      with ``n`` zero keys and zero values appended (integer ``n``) and the mask padded so they
+      are never masked; fully masked rows of a plain softmax get one zero key that only they
+      can see, so they return zeros instead of NaN.
+
+    Every other separation, and ``return_weights=True``, takes the explicit reference path.
     """
 
     def forward(
@@ -126,6 +134,12 @@ class Dense(Structure):
         return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         length, size = q.shape[-2], k.shape[-2]
+        if (
+            not return_weights
+            and isinstance(separation, SoftmaxN)
+            and _flash_applies(q, v, mask, dropout)
+        ):
+            return _flash_softmax_n(q, k, v, separation.n, scale, mask, causal), None
         if separation.zero_keys is None or return_weights:
             if causal:
                 mask = with_causal(mask, length, size, q.device)
@@ -180,3 +194,80 @@ class Dense(Structure):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale
         )
+
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> bool:
+    """Whether the CPU flash kernel (with its log-sum-exp) can serve this association."""
+    return (
+        q.device.type == "cpu"
+        and q.shape[-1] == v.shape[-1]
+        and q.dtype in _FLASH_DTYPES
+        and dropout == 0.0
+        and (mask is None or not mask.requires_grad)
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+class _FlashSoftmaxN(torch.autograd.Function):
+    """Softmax_n attention from the flash kernel's output and log-sum-exp (CPU)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        n: float,
+        mask: Tensor | None,
+        is_causal: bool,
+        scale: float,
+    ) -> Tensor:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+        )
+        if n > 0:
+            augmented = torch.logaddexp(lse, torch.full_like(lse, math.log(n)))
+            out.mul_(
+                torch.exp(lse - augmented).unsqueeze(-1).to(out.dtype)
+            )  # the kernel's own buffer
+            lse = augmented
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            0.0,
+            ctx.is_causal,
+            attn_mask=mask,
+            scale=ctx.scale,
+        )
+        return (*grads, None, None, None, None)
+
+
+def _flash_softmax_n(
+    q: Tensor, k: Tensor, v: Tensor, n: float, scale: Scale, mask: Tensor | None, causal: bool
+) -> Tensor:
+    length, size = q.shape[-2], k.shape[-2]
+    if isinstance(scale, Tensor):
+        q, scale = q * scale, 1.0
+    is_causal = causal and mask is None and length == size
+    if causal and not is_causal:
+        mask = with_causal(mask, length, size, q.device)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, -math.inf)
+    elif mask is not None:
+        mask = mask.to(q.dtype)
+    out: Tensor = _FlashSoftmaxN.apply(q, k, v, n, mask, is_causal, scale)
+    return out
