@@ -1,0 +1,103 @@
+"""The ``theory`` experiment: every theorem row passes at the tiny preset; helpers are exact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hopfield.experiments import run_experiment
+from hopfield.experiments.runner import load_record
+from hopfield.experiments.theory import (
+    SPEC_CAPACITY,
+    Check,
+    capacity_bound,
+    log_capacity,
+    separation_radius,
+    separation_threshold,
+    well_separated,
+)
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("theory")
+    return load_record(run_experiment("theory", "tiny", out, progress=False))
+
+
+def test_every_theorem_and_trend_holds_at_the_tiny_preset(record: dict) -> None:
+    table = record["results"]["tables"][0]
+    columns = table["columns"]
+    rows = [dict(zip(columns, row, strict=True)) for row in table["rows"]]
+    assert len(rows) >= 20
+    for row in rows:
+        assert row["trials"] > 0, row
+        if row["kind"] != "info":
+            assert row["status"] == "pass", row
+            assert row["violations"] == 0, row
+    assert record["results"]["metrics"]["failed"] == 0
+    papers = {row["paper"] for row in rows}
+    for expected in (
+        "OutEffHop Lemma 2.1",
+        "OutEffHop Thm 3.1",
+        "OutEffHop Lemma C.6",
+        "OutEffHop Cor. 3.2.1",
+        "OutEffHop Thm 3.3 / Lemma C.1",
+        "Nonparametric Thm 4.1",
+        "Nonparametric Lemma 4.1",
+        "Nonparametric Prop. 4.1",
+        "Nonparametric Cor. 4.1.3",
+    ):
+        assert expected in papers
+
+
+def test_topk_errors_match_the_spec_precheck(record: dict) -> None:
+    # Spec §7.9: d=64, M=100, β=0.1, ρ=0.5 mean one-step errors (300 numpy trials).
+    table = record["results"]["tables"][1]
+    found = 0
+    for row in table["rows"]:
+        size, beta, rho, model, mean, _std, _support, spec = row
+        if spec is not None and size == 100 and beta == 0.1 and rho == 0.5:
+            found += 1
+            assert mean == pytest.approx(spec, abs=0.12 + 0.1 * spec), model
+    assert found >= 5
+
+
+def test_capacity_bound_reproduces_the_spec_table() -> None:
+    for (d, k), (c, bound) in SPEC_CAPACITY.items():
+        ours_c, ours_bound = capacity_bound(d, k, 1.0, 0.1, 50.0, 0.01)
+        assert ours_c == pytest.approx(c, rel=2e-3)
+        assert ours_bound == pytest.approx(bound, rel=5e-3)
+
+
+def test_log_capacity_is_lambert_w_without_overflow() -> None:
+    from scipy.special import lambertw
+
+    for a, b in [(0.5, 2.0), (-1.0, 0.3), (2.0, 0.01)]:
+        direct = b / lambertw(math.exp(a + math.log(b))).real
+        assert math.exp(log_capacity(a, b)) == pytest.approx(direct, rel=1e-12)
+    # Far outside the range of exp: ln C -> -a (W0(t) ~ t) and ln C -> ln b - y + ln y.
+    assert log_capacity(-2000.0, 1.0) == pytest.approx(2000.0)
+    assert math.isfinite(log_capacity(2000.0, 1.0))
+
+
+def test_well_separated_memories_and_threshold() -> None:
+    g = torch.Generator().manual_seed(0)
+    memories = well_separated(g, 10, 64, math.radians(20.0))
+    gram = memories @ memories.T
+    torch.testing.assert_close(gram.diagonal(), torch.ones(10, dtype=torch.float64))
+    torch.testing.assert_close(gram[:8, :8], torch.eye(8, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert gram[8, 9].item() == pytest.approx(math.cos(math.radians(20.0)))
+    r = float(separation_radius(memories))
+    assert r == pytest.approx(math.sin(math.radians(10.0)))
+    # Lemma 4.1's threshold at (M=10, k, m=1, R) rises with k and falls with β.
+    assert separation_threshold(8.0, 10, 1, 1.0, r) < separation_threshold(8.0, 10, 10, 1.0, r)
+    assert separation_threshold(20.0, 10, 5, 1.0, r) < separation_threshold(8.0, 10, 5, 1.0, r)
+
+
+def test_check_status() -> None:
+    assert Check("p", "s", "theorem", "c", 10, 0, 0.1).status == "pass"
+    assert Check("p", "s", "theorem", "c", 10, 1, -0.1).status == "fail"
+    assert Check("p", "s", "theorem", "c", 0, 0, 0.0).status == "fail"
+    assert Check("p", "s", "info", "c", 10, 3, 0.7).status == "info"
