@@ -1,0 +1,447 @@
+"""``hyperset-images``: Hyper-SET vs a weight-shared Transformer on image classification (§5.2).
+
+Models (spec §4.2): a patch grid with a CLS token and fixed sinusoidal positions; Hyper-SET at
+the Transformer's width ("Small", about half the parameters) and at a larger width ("Scale-up",
+about the Transformer's parameters), one layer × L iterations; the Transformer is a pre-LayerNorm
+layer applied L times. Training follows Table 8 (Adam, coupled weight decay 5e-5, warm-up then
+cosine from 1e-3 to 1e-5, label smoothing 0.1, random-crop augmentation). Optional parts of the
+paper in the same layout: the alternative designs of Table 3, the layer–iteration trade-off of
+Fig. 4 (K distinct layers × L/K iterations) and depth-wise LoRA ranks (Table 4). The Hyper-SET
+energy / effective-rank / angle trajectories on test images (Figs. 5-6, bottom) are reported too.
+
+Data: scikit-learn digits (always present; 8×8, grid 4 → 2×2-pixel patches), MNIST (only its
+test split is in the shared data: ``split_test_for_train`` carves a train set out of it),
+Fashion-MNIST (Debian package ``dataset-fashion-mnist``) and CIFAR-10 when present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hopfield.data.images import load_image_dataset
+from hopfield.experiments.hyperset_common import (
+    cosine_lr,
+    fraction_non_increasing,
+    linear_slope,
+    threads_limited,
+    train_model,
+    trajectory_statistics,
+)
+from hopfield.experiments.hyperset_sudoku import VARIANTS
+from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
+from hopfield.nn.hyperset_models import ImageClassifier, image_classifier
+
+# Table 1 (top-1 %, 1 layer × 12 iterations): CIFAR-10, CIFAR-100, ImageNet-100; params (M).
+PAPER_TABLE1 = {
+    "transformer": (1.79, 89.90, 61.89, 69.44),
+    "hyperset": (0.96, 88.89, 62.48, 67.64),
+    "hyperset-scaleup": (1.61, 90.11, 63.41, 70.16),
+}
+# Table 3 (Small Scale-up): CIFAR-10, CIFAR-100.
+PAPER_TABLE3 = {
+    "hyperset": (90.11, 63.41),
+    "attention-sigmoid": (85.93, 59.72),
+    "attention-linear": (84.88, 56.97),
+    "ff-softmax": (88.20, 62.44),
+    "ff-gated": (84.99, 59.29),
+    "fixed-0.5": (25.81, 57.92),
+    "fixed-0.1": (81.45, 58.29),
+}
+# Fig. 4 (CIFAR-100 top-1 %, params M) per number of distinct layers K (L = 12 / K iterations each).
+PAPER_FIG4 = {
+    "hyperset-scaleup": {1: (63.49, 1.66), 2: (63.54, 2.18), 6: (64.22, 4.28), 12: (64.98, 7.43)},
+    "transformer": {1: (61.90, 1.83), 2: (63.45, 3.60), 6: (64.32, 10.68), 12: (64.38, 21.31)},
+}
+# Table 4 (ImageNet-100, Small Scale-up + depth-wise LoRA): rank -> (params M, top-1 %).
+PAPER_TABLE4 = {
+    0: (1.93, 70.16),
+    4: (2.03, 70.36),
+    8: (2.13, 70.40),
+    16: (2.33, 70.56),
+    32: (2.72, 72.20),
+}
+PAPER_COLUMN = {"cifar10": 1, "cifar100": 2}
+
+
+@dataclass
+class Config:
+    """Settings of the image-classification experiment."""
+
+    seed: int = 42
+    dataset: str = "cifar10"  # digits | mnist | fashion-mnist | cifar10
+    split_test_for_train: bool = False  # carve train/test out of the test split (MNIST here)
+    holdout: int = 2000  # test images kept when split_test_for_train
+    train_size: int = 0  # 0 = all
+    grid: int = 8  # patches per side (the paper's "patch size")
+    d_model: int = 384
+    num_heads: int = 6
+    scaleup_d_model: int = 512
+    scaleup_num_heads: int = 8
+    iterations: int = 12
+    time_frequency: int = 512
+    feedforward: str = "gelu"  # the classification code's activation ("relu" in the paper text)
+    epochs: int = 200
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    warmup_epochs: int = 5
+    weight_decay: float = 5e-5
+    label_smoothing: float = 0.1
+    crop_padding: int = 4
+    flip: bool = True
+    models: tuple[str, ...] = ("hyperset", "hyperset-scaleup", "transformer")
+    ablations: tuple[str, ...] = ()  # Table 3 variants of the Scale-up model
+    layer_splits: tuple[int, ...] = ()  # Fig. 4: K distinct layers (Scale-up and Transformer)
+    lora_ranks: tuple[int, ...] = ()  # Table 4: depth-wise LoRA on the Scale-up model
+    analysis_size: int = 256
+    eval_batch_size: int = 1000
+    threads: int = 1
+
+
+PRESETS = {
+    "tiny": Config(
+        dataset="digits", train_size=256, grid=4, d_model=32, num_heads=2, scaleup_d_model=48,
+        scaleup_num_heads=2, iterations=4, time_frequency=32, epochs=2, batch_size=64,
+        warmup_epochs=1, crop_padding=1, flip=False, ablations=("fixed-0.1",),
+        layer_splits=(2,), lora_ranks=(2,), analysis_size=32, eval_batch_size=360,
+    ),
+    "small": Config(
+        dataset="digits", grid=4, d_model=64, num_heads=4, scaleup_d_model=96,
+        scaleup_num_heads=4, iterations=12, time_frequency=64, epochs=15, batch_size=64,
+        warmup_epochs=2, crop_padding=1, flip=False,
+        ablations=("attention-sigmoid", "attention-linear", "ff-softmax", "ff-gated",
+                   "fixed-0.5", "fixed-0.1"),
+        layer_splits=(2,), lora_ranks=(4,), analysis_size=360, eval_batch_size=360,
+    ),
+    "paper": Config(threads=0),
+}  # fmt: skip
+
+
+def _data(config: Config, ctx: RunContext) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    if config.split_test_for_train:
+        images, labels = load_image_dataset(config.dataset, "test", ctx.data_dir)
+        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(config.seed))
+        test, train = order[: config.holdout], order[config.holdout :]
+        x_train, y_train, x_test, y_test = images[train], labels[train], images[test], labels[test]
+    else:
+        x_train, y_train = load_image_dataset(config.dataset, "train", ctx.data_dir)
+        x_test, y_test = load_image_dataset(config.dataset, "test", ctx.data_dir)
+    if config.train_size:
+        x_train, y_train = x_train[: config.train_size], y_train[: config.train_size]
+    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test
+
+
+def augment(images: Tensor, padding: int, flip: bool, generator: torch.Generator) -> Tensor:
+    """Random crop after zero padding (per image) and optional horizontal flip."""
+    if padding:
+        b, _, h, w = images.shape
+        padded = F.pad(images, (padding,) * 4)
+        dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+        dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+        rows = (dy[:, None] + torch.arange(h))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w))[:, None, None, :]
+        index = torch.arange(b)[:, None, None, None]
+        images = padded[index, torch.arange(images.shape[1])[None, :, None, None], rows, cols]
+    if flip:
+        mask = torch.rand(images.shape[0], generator=generator) < 0.5
+        images = torch.where(mask[:, None, None, None], images.flip(-1), images)
+    return images
+
+
+def build(
+    config: Config, name: str, image_size: int, channels: int, num_classes: int = 10
+) -> ImageClassifier:
+    """Model ``name``: ``hyperset``, ``hyperset-scaleup``, ``transformer``, ``hyperset-scaleup+<v>``
+    (a Table 3 variant), ``<base>-layers<K>`` (Fig. 4) or ``hyperset-scaleup-lora<r>`` (Table 4)."""
+    options: dict[str, Any] = {}
+    base = name
+    if "+" in name:
+        base, variant = name.split("+", 1)
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
+        options.update(VARIANTS[variant])
+    if "-layers" in base:
+        base, k = base.split("-layers")
+        options["num_layers"] = int(k)
+    if "-lora" in base:
+        base, r = base.split("-lora")
+        options["lora_rank"] = int(r)
+    if base not in ("hyperset", "hyperset-scaleup", "transformer"):
+        raise ValueError(f"unknown model {name!r}")
+    scale = base == "hyperset-scaleup"
+    common: dict[str, Any] = {
+        "num_classes": num_classes,
+        "image_size": image_size,
+        "in_channels": channels,
+        "grid": config.grid,
+        "d_model": config.scaleup_d_model if scale else config.d_model,
+        "num_heads": config.scaleup_num_heads if scale else config.num_heads,
+        "iterations": config.iterations,
+    }
+    if base == "transformer":
+        return image_classifier("transformer", **common, **options)
+    options.setdefault("feedforward", config.feedforward)
+    return image_classifier("hyperset", **common, time_frequency=config.time_frequency, **options)
+
+
+@torch.no_grad()
+def accuracy(model: ImageClassifier, images: Tensor, labels: Tensor, batch_size: int) -> float:
+    """Top-1 accuracy (%)."""
+    model.eval()
+    correct = 0
+    for first in range(0, len(images), batch_size):
+        logits = model(images[first : first + batch_size])
+        assert isinstance(logits, Tensor)
+        correct += int((logits.argmax(-1) == labels[first : first + batch_size]).sum())
+    return 100.0 * correct / len(images)
+
+
+def run(config: Config, ctx: RunContext) -> Results:
+    """Train every model and tabulate in the layout of Table 1, Table 3, Fig. 4 and Table 4."""
+    with threads_limited(config.threads):
+        return _run(config, ctx)
+
+
+def _model_names(config: Config) -> list[str]:
+    names = list(config.models)
+    names += [f"hyperset-scaleup+{v}" for v in config.ablations]
+    for k in config.layer_splits:
+        names += [f"hyperset-scaleup-layers{k}", f"transformer-layers{k}"]
+    names += [f"hyperset-scaleup-lora{r}" for r in config.lora_ranks]
+    return names
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
+    x_train, y_train, x_test, y_test = _data(config, ctx)
+    _, channels, size, _ = x_train.shape
+    num_classes = int(torch.cat([y_train, y_test]).max()) + 1
+    results: dict[str, dict[str, Any]] = {}
+    analysis: list[dict[str, float]] = []
+    for index, name in enumerate(_model_names(config)):
+        torch.manual_seed(config.seed * 1000 + index)
+        model = build(config, name, size, channels, num_classes)
+        optimizer = torch.optim.Adam(
+            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        generator = torch.Generator().manual_seed(config.seed + index)
+
+        def loss_fn(
+            batch: Tensor, model: ImageClassifier = model, generator: torch.Generator = generator
+        ) -> Tensor:
+            images = augment(x_train[batch], config.crop_padding, config.flip, generator)
+            logits = model(images)
+            assert isinstance(logits, Tensor)
+            return F.cross_entropy(logits, y_train[batch], label_smoothing=config.label_smoothing)
+
+        history = train_model(
+            ctx, name, model, optimizer, size=len(x_train), batch_size=config.batch_size,
+            epochs=config.epochs, loss_fn=loss_fn, seed=config.seed * 7919 + index,
+            lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, config.min_lr,
+                                      config.warmup_epochs),
+        )  # fmt: skip
+        results[name] = {
+            "params": count_parameters(model),
+            "accuracy": accuracy(model, x_test, y_test, config.eval_batch_size),
+            "seconds": history["train_seconds"],
+        }
+        if name == "hyperset":
+            assert isinstance(model.encoder, HyperSETEncoder)
+            with torch.no_grad():
+                x0 = model.embed(x_test[: config.analysis_size])
+            analysis = trajectory_statistics(model.encoder, x0, config.iterations)
+    return _report(config, results, analysis)
+
+
+def _row(results: dict[str, dict[str, Any]], name: str) -> list[Any]:
+    r = results[name]
+    return [r["params"], r["accuracy"], round(r["seconds"], 1)]
+
+
+def _report(
+    config: Config, results: dict[str, dict[str, Any]], analysis: list[dict[str, float]]
+) -> Results:
+    tables: list[Table] = []
+    metrics: dict[str, float] = {}
+    notes: list[str] = []
+    for name, r in results.items():
+        metrics[f"{name}_accuracy"] = r["accuracy"]
+        metrics[f"{name}_params"] = float(r["params"])
+    setting = (
+        f"{config.dataset}, grid {config.grid}, d={config.d_model} (Scale-up "
+        f"{config.scaleup_d_model}), L={config.iterations}, {config.epochs} epochs"
+    )
+    main = [n for n in ("transformer", "hyperset", "hyperset-scaleup") if n in results]
+    tables.append(
+        Table(
+            "Image classification: Hyper-SET vs Transformer (Table 1 layout)",
+            [
+                "model",
+                "params",
+                "top-1 % (ours)",
+                "train s",
+                "params M (paper)",
+                "CIFAR-10 % (paper)",
+                "CIFAR-100 % (paper)",
+                "IN-100 % (paper)",
+            ],
+            [[n, *_row(results, n), *PAPER_TABLE1[n]] for n in main],
+            f"Ours: {setting}. Paper: CIFAR-10/100 (grid 8) and ImageNet-100 (grid 16), "
+            "d=384 / Scale-up 512, 12 iterations, 200 epochs.",
+        )
+    )
+    if "hyperset" in results and "transformer" in results:
+        metrics["param_ratio_small"] = (
+            results["hyperset"]["params"] / results["transformer"]["params"]
+        )
+        metrics["C1_gap_small"] = (
+            results["hyperset"]["accuracy"] - results["transformer"]["accuracy"]
+        )
+    if "hyperset-scaleup" in results and "transformer" in results:
+        metrics["C2_gap_scaleup"] = (
+            results["hyperset-scaleup"]["accuracy"] - results["transformer"]["accuracy"]
+        )
+    variants = [n.split("+", 1)[1] for n in results if n.startswith("hyperset-scaleup+")]
+    if variants and "hyperset-scaleup" in results:
+        rows = [
+            [
+                "learned steps, bi-softmax, FF (ours)",
+                *_row(results, "hyperset-scaleup"),
+                *PAPER_TABLE3["hyperset"],
+            ]
+        ]
+        rows += [[v, *_row(results, f"hyperset-scaleup+{v}"), *PAPER_TABLE3.get(v, (None, None))]
+                 for v in variants]  # fmt: skip
+        tables.append(
+            Table(
+                "Alternative designs (Table 3)",
+                [
+                    "variant",
+                    "params",
+                    "top-1 % (ours)",
+                    "train s",
+                    "CIFAR-10 % (paper)",
+                    "CIFAR-100 % (paper)",
+                ],
+                rows,
+                f"Small Scale-up model with one component changed. Ours: {setting}.",
+            )
+        )
+    if config.layer_splits:
+        rows = []
+        for arch in ("hyperset-scaleup", "transformer"):
+            for k in (1, *config.layer_splits):
+                name = arch if k == 1 else f"{arch}-layers{k}"
+                if name in results:
+                    acc, params = PAPER_FIG4[arch].get(k, (None, None))
+                    rows.append(
+                        [arch, k, config.iterations // k, *_row(results, name), acc, params]
+                    )
+        tables.append(
+            Table(
+                "Layer-iteration trade-off (Fig. 4)",
+                [
+                    "model",
+                    "layers K",
+                    "iterations each",
+                    "params",
+                    "top-1 % (ours)",
+                    "train s",
+                    "CIFAR-100 % (paper)",
+                    "params M (paper)",
+                ],
+                rows,
+                "Constant effective depth: K distinct layers each applied L/K times. Paper: "
+                "12 iterations, Scale-up d=512 vs Transformer d=384.",
+            )
+        )
+    if config.lora_ranks and "hyperset-scaleup" in results:
+        rows = [[0, *_row(results, "hyperset-scaleup"), *PAPER_TABLE4[0]]]
+        rows += [[r, *_row(results, f"hyperset-scaleup-lora{r}"), *PAPER_TABLE4.get(r, (None, None))]
+                 for r in config.lora_ranks]  # fmt: skip
+        tables.append(
+            Table(
+                "Depth-wise LoRA (Table 4)",
+                [
+                    "rank",
+                    "params",
+                    "top-1 % (ours)",
+                    "train s",
+                    "params M (paper)",
+                    "IN-100 % (paper)",
+                ],
+                rows,
+                "Independent rank-r adapters per iteration on W and D (scale 4). "
+                "Paper: ImageNet-100, Small Scale-up.",
+            )
+        )
+    if analysis:
+        tables.append(
+            Table(
+                "Hyper-SET energy, effective rank and angle along the iterations (Figs. 5-6)",
+                [
+                    "t",
+                    "E_ATTN",
+                    "±",
+                    "E_FF",
+                    "±",
+                    "erank h0",
+                    "erank mean",
+                    "angle h0 °",
+                    "angle mean °",
+                    "α mean",
+                    "α<0",
+                    "γ mean",
+                    "γ<0",
+                ],
+                [
+                    [
+                        a["t"],
+                        a["e_attn"],
+                        a["e_attn_std"],
+                        a["e_ff"],
+                        a["e_ff_std"],
+                        a["erank_head0"],
+                        a["erank"],
+                        a["angle_head0"],
+                        a["angle"],
+                        a["alpha_mean"],
+                        a["alpha_negative"],
+                        a["gamma_mean"],
+                        a["gamma_negative"],
+                    ]
+                    for a in analysis
+                ],
+                "Small Hyper-SET on test images; gain-free normalised projections.",
+            )
+        )
+        for key in ("e_attn", "e_ff"):
+            values = [a[key] for a in analysis]
+            metrics[f"{key}_slope"] = linear_slope(values)
+            metrics[f"{key}_fraction_decreasing"] = fraction_non_increasing(values)
+    notes.append(
+        "CRATE, CRATE-T and Energy Transformer rows of Table 1 are not run; CIFAR-100 and "
+        "ImageNet-100 are not available offline."
+    )
+    return Results(tables=tables, metrics=metrics, notes=notes)
+
+
+register(
+    Experiment(
+        name="hyperset-images",
+        summary="Hyper-SET vs weight-shared Transformer on image classification, with the "
+        "alternative designs, layer-iteration trade-off and depth-wise LoRA",
+        presets=PRESETS,
+        run=run,
+        paper="Hyper-SET §5.2, Table 1, Table 3, Fig. 4, Table 4 (Hu, Zou & Xu)",
+        tags=("hyperset",),
+    )
+)
