@@ -149,3 +149,29 @@ def test_data_files_are_located_and_verified(
         locate(DataFile("sub/f.txt", "0" * 64, "https://example.org/f.txt"), tmp_path)
     with pytest.raises(DataNotFoundError, match=r"https://example\.org/g\.txt"):
         locate(DataFile("sub/g.txt", "", "https://example.org/g.txt"), tmp_path)
+
+
+def _needs_data(config: _Config, ctx: RunContext) -> Results:
+    from hopfield.data import DataFile, locate
+
+    locate(DataFile("absent/file.bin", "", "https://example.org/file.bin"), tmp_root := ctx.out_dir)
+    raise AssertionError(f"unreachable: {tmp_root}")
+
+
+def test_reproduce_skips_experiments_whose_data_is_absent(tmp_path: Path) -> None:
+    from hopfield.experiments import reproduce
+
+    register(
+        Experiment(
+            "test-needs-data",
+            "test",
+            {p: _Config() for p in ("tiny", "small", "paper")},
+            _needs_data,
+        )
+    )
+    paths, skipped = reproduce(
+        "tiny", tmp_path, progress=False, only=["test-needs-data", "retrieval-demo"]
+    )
+    assert [p.parent.name for p in paths] == ["retrieval-demo"]
+    assert "absent/file.bin" in skipped["test-needs-data"]
+    assert "test-needs-data" in json.loads((tmp_path / "skipped.json").read_text())

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"report:  {build_report(path.parent)}")
         return 0
     if args.command == "reproduce":
-        paths = reproduce(
+        paths, skipped = reproduce(
             args.preset,
             args.out,
             data_dir=args.data_dir,
@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for path in paths:
             print(f"results: {path}")
+        for name, reason in skipped.items():
+            print(f"skipped: {name}: {reason}")
         print(f"report:  {build_report(args.out)}")
         return 0
     if args.command == "report":

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.registry import Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext
 
@@ -111,12 +112,25 @@ def reproduce(
     data_dir: Path | str | None = None,
     progress: bool = True,
     only: list[str] | None = None,
-) -> list[Path]:
-    """Run every experiment marked for reproduction (or those in ``only``) at ``preset``."""
+) -> tuple[list[Path], dict[str, str]]:
+    """Run every experiment marked for reproduction (or those in ``only``) at ``preset``.
+
+    Experiments whose datasets are absent are skipped, not fatal. Returns the results files and
+    ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``).
+    """
     chosen = [e for e in all_experiments() if (e.name in only if only else e.in_reproduce)]
-    return [
-        run_experiment(e.name, preset, out, data_dir=data_dir, progress=progress) for e in chosen
-    ]
+    paths: list[Path] = []
+    skipped: dict[str, str] = {}
+    for experiment in chosen:
+        try:
+            paths.append(
+                run_experiment(experiment.name, preset, out, data_dir=data_dir, progress=progress)
+            )
+        except DataNotFoundError as missing:
+            skipped[experiment.name] = str(missing)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "skipped.json").write_text(json.dumps(skipped, indent=2))
+    return paths, skipped
 
 
 def load_record(path: Path | str) -> dict[str, Any]:
