@@ -1,6 +1,8 @@
 """The functional core: separation maps, structures and :func:`associate`."""
 
 from hopfield.functional.associate import associate
+from hopfield.functional.efficient import RandomMask, TopK, Window
+from hopfield.functional.efficient_kernel import Linear, RandomFeatures
 from hopfield.functional.separation import (
     ClippedSoftmax,
     Entmax,
@@ -17,12 +19,17 @@ __all__ = [
     "ClippedSoftmax",
     "Dense",
     "Entmax",
+    "Linear",
     "Polynomial",
+    "RandomFeatures",
+    "RandomMask",
     "Separation",
     "Softmax",
     "SoftmaxN",
     "Sparsemax",
     "Structure",
+    "TopK",
+    "Window",
     "associate",
     "causal_mask",
     "entmax",
