@@ -121,6 +121,19 @@ def test_spec_module_selections_on_models() -> None:
     opt = ActivationRecorder(_tiny("opt"), "opt")
     opt.model(input_ids=ids)
     assert len(opt.names) == 1 + 5 * 2  # 61 for 12 layers
+    layers = opt.layer_table("max_inf_norm")
+    assert layers.columns[2:] == [
+        "block",
+        "self_attn.out_proj",
+        "self_attn_layer_norm",
+        "fc2",
+        "final_layer_norm",
+    ] and [row[0] for row in layers.rows] == ["-", "0", "1"]
+    column = layers.columns.index("self_attn_layer_norm")
+    stats = opt.stats["model.decoder.layers.1.self_attn_layer_norm"]
+    assert layers.rows[2][column] == stats.inf_norm_max
+    with pytest.raises(ValueError, match="statistic"):
+        opt.layer_table("median")
     vit = ActivationRecorder(_tiny("vit", "gated"), "vit")
     vit.model(pixel_values=torch.randn(2, 3, 16, 16))
     assert not any("gate" in n or "dropout" in n for n in vit.names)

@@ -328,3 +328,41 @@ class ActivationRecorder:
             rows=rows,
             caption="Per-sample Pearson kurtosis and max |x| of each recorded tensor, averaged over samples.",
         )
+
+    def layer_table(self, statistic: str = "mean_inf_norm", name: str | None = None) -> Table:
+        """Layers as rows, components (e.g. ``output.dense``, ``fc2``, ``block``) as columns.
+
+        Args:
+            statistic: ``"mean_inf_norm"``, ``"mean_kurtosis"`` or ``"max_inf_norm"``.
+            name: the table name (default: the statistic).
+
+        Tensors outside numbered layers (e.g. the final LayerNorm) form the row ``"-"``.
+        """
+        getters = {
+            "mean_inf_norm": lambda r: r.mean_inf_norm,
+            "mean_kurtosis": lambda r: r.mean_kurtosis,
+            "max_inf_norm": lambda r: r.inf_norm_max,
+        }
+        if statistic not in getters:
+            raise ValueError(f"statistic must be one of {sorted(getters)}, got {statistic!r}")
+        cells: dict[str, dict[str, float]] = {}
+        components: list[str] = []
+        for tensor, running in self.stats.items():
+            match = _LAYER_INDEX.match(tensor)
+            layer, component = (
+                (match["index"], match["rest"].lstrip(".")) if match else ("-", tensor)
+            )
+            component = component or "block"
+            if component not in components:
+                components.append(component)
+            cells.setdefault(layer, {})[component] = getters[statistic](running)
+        rows = [[layer] + [row.get(c) for c in components] for layer, row in cells.items()]
+        return Table(
+            name=name or statistic,
+            columns=["layer", *components],
+            rows=rows,
+            caption=f"{statistic} of each recorded tensor, per layer.",
+        )
+
+
+_LAYER_INDEX = re.compile(r"^.*?\.(?P<index>\d+)(?P<rest>(?:[.:].*)?)$")
