@@ -182,6 +182,7 @@ class Config:
         max_train_batches, max_eval_batches: caps per epoch / evaluation (``None``: all).
         quantize: also report the W8A8 MSE.
         calibration_batches: validation batches for the W8A8 activation ranges.
+        device: where to train (``"cpu"``, ``"cuda"``).
     """
 
     seed: int = 0
@@ -208,6 +209,7 @@ class Config:
     max_eval_batches: int | None = None
     quantize: bool = True
     calibration_batches: int = 16
+    device: str = "cpu"
 
 
 PRESETS = {
@@ -228,17 +230,17 @@ PRESETS = {
     ),
     "small": Config(
         seeds=1,
-        settings=(("ETTh1", 24, 168, 6, 1e-3, 32),),
+        settings=(("ETTh1", 24, 168, 6, 1e-3, 16),),
         d_model=32,
         d_ff=64,
         num_heads=4,
         e_layers=2,
         factor=4,
         dropout=0.1,
-        epochs=4,
+        epochs=3,
         patience=2,
-        max_train_batches=40,
-        max_eval_batches=20,
+        max_train_batches=25,
+        max_eval_batches=10,
         calibration_batches=4,
     ),
     "paper": Config(),
@@ -287,7 +289,8 @@ def measure(
         **{f"params_{k}": v for k, v in model.parameter_counts().items()},
     }
     if config.quantize:
-        calibration = (x for x, _ in splits.val.batches(batch))
+        device = next(model.parameters()).device
+        calibration = (x.to(device) for x, _ in splits.val.batches(batch))
         quantized = quantize_w8a8(model, calibration, num_batches=config.calibration_batches)
         w8a8 = evaluate(quantized, splits.test, batch, config.max_eval_batches)
         record.update(w8a8_mse=w8a8["mse"], w8a8_mae=w8a8["mae"])
@@ -334,6 +337,7 @@ def run(config: Config, ctx: RunContext) -> Results:
         splits = cached[1]
         torch.manual_seed(seed)
         model = build_model(config, splits.num_inputs, in_len, horizon, seg_len, kind)
+        model.to(config.device)
         train = TrainConfig(
             epochs=config.epochs,
             batch_size=batch,

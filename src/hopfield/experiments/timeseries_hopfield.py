@@ -127,6 +127,7 @@ class Config:
             (paper code: AdamW lr 1e-3, batch 128, cosine, clip 5; epochs are not stated).
         max_train_batches, max_eval_batches: caps per epoch / evaluation (``None``: all).
         random_features: features of the random-feature model (``None``: ``int(E ln E)``).
+        device: where to train (``"cpu"``, ``"cuda"``).
     """
 
     seed: int = 0
@@ -151,6 +152,7 @@ class Config:
     max_train_batches: int | None = None
     max_eval_batches: int | None = None
     random_features: int | None = None
+    device: str = "cpu"
 
 
 PRESETS = {
@@ -267,6 +269,7 @@ def run(config: Config, ctx: RunContext) -> Results:
         splits = splits_cache[(dataset, horizon)]
         torch.manual_seed(seed)
         model = build_model(model_name, horizon, horizon, splits.num_inputs, config)
+        model.to(config.device)
         result = fit(
             model,
             splits,

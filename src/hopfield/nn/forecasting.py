@@ -186,6 +186,12 @@ def learning_rate(schedule: str, base: float, epoch: int, epochs: int) -> float:
     raise ValueError(f"schedule must be 'type1', 'cosine' or 'constant', got {schedule!r}")
 
 
+def _device(model: nn.Module) -> torch.device:
+    """Where the model's parameters live (batches are moved there)."""
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _limited(batches: Iterable[Any], limit: int | None) -> Iterator[Any]:
     for i, item in enumerate(batches):
         if limit is not None and i >= limit:
@@ -199,20 +205,17 @@ def evaluate(
     dataset: WindowDataset,
     batch_size: int = 256,
     max_batches: int | None = None,
-    transform: Callable[[nn.Module, Tensor], Tensor] | None = None,
 ) -> dict[str, float]:
-    """Element-wise mean MSE and MAE of ``model`` over ``dataset`` (unshuffled, eval mode).
-
-    ``transform(model, x)`` replaces ``model(x)`` when given (e.g. a quantised forward).
-    """
+    """Element-wise mean MSE and MAE of ``model`` over ``dataset`` (unshuffled, eval mode)."""
     was_training = model.training
+    device = _device(model)
     model.eval()
     sq = ab = 0.0
     count = 0
     try:
-        for x, y in _limited(dataset.batches(batch_size), max_batches):
-            pred = model(x) if transform is None else transform(model, x)
-            diff = (pred.float() - y.float()).double()
+        for x_cpu, y_cpu in _limited(dataset.batches(batch_size), max_batches):
+            x, y = x_cpu.to(device), y_cpu.to(device)
+            diff = (model(x).float() - y.float()).double()
             sq += float(diff.square().sum())
             ab += float(diff.abs().sum())
             count += diff.numel()
@@ -272,6 +275,7 @@ def fit(
         a :class:`FitResult` for the best-validation weights, which are loaded into ``model``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
+    device = _device(model)
     opt_cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(params, lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(0) if generator is None else generator
@@ -285,10 +289,10 @@ def fit(
     }
     path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and path.exists():
-        saved = torch.load(path, weights_only=False)
+        saved = torch.load(path, weights_only=False, map_location=device)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
+        generator.set_state(saved["generator"].cpu())
         state = saved["state"]
     epochs: Iterable[int] = range(state["epoch"] + 1, config.epochs + 1)
     if progress is not None:
@@ -303,7 +307,8 @@ def fit(
         started = time.perf_counter()
         total, n = 0.0, 0
         batches = splits.train.batches(config.batch_size, shuffle=True, generator=generator)
-        for x, y in _limited(batches, config.max_train_batches):
+        for x_cpu, y_cpu in _limited(batches, config.max_train_batches):
+            x, y = x_cpu.to(device), y_cpu.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
