@@ -1,0 +1,263 @@
+"""hopfield.training: schedules, parameter groups, data order, monitoring, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+pytest.importorskip("accelerate")
+
+from hopfield.training import (
+    BatchOrder,
+    MaxAbsMonitor,
+    Trainer,
+    TrainingConfig,
+    latest_checkpoint,
+    lr_factor,
+    parameter_groups,
+    read_log,
+)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 16)
+        self.norm = nn.LayerNorm(16)
+        self.drop = nn.Dropout(0.3)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.drop(torch.relu(self.norm(self.inp(x)))))
+
+
+def data(n: int = 40) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 4, generator=g)
+    y = x.sum(1, keepdim=True)
+    return list(zip(x, y, strict=True))
+
+
+def loss_fn(model: nn.Module, batch: Any) -> Tensor:
+    x, y = batch
+    noise = 0.1 * torch.randn_like(x)  # global RNG inside the loss, as MLM masking does
+    return ((model(x + noise) - y) ** 2).mean()
+
+
+def config(**kw: Any) -> TrainingConfig:
+    base: dict[str, Any] = dict(
+        max_steps=8,
+        batch_size=4,
+        grad_accum=2,
+        lr=1e-2,
+        warmup_steps=2,
+        checkpoint_every=3,
+        log_every=2,
+        cpu=True,
+    )
+    return TrainingConfig(**{**base, **kw})
+
+
+def trainer(out: Path, **kw: Any) -> Trainer:
+    torch.manual_seed(0)
+    evaluate = kw.pop("evaluate", None)
+    return Trainer(
+        Net(),
+        data(),
+        loss_fn,
+        config(**kw),
+        out,
+        monitor=[r"inp", r"norm"],
+        evaluate=evaluate,
+        progress=False,
+    )
+
+
+def test_lr_factor_schedules() -> None:
+    lin = TrainingConfig(max_steps=10, warmup_steps=4, schedule="linear")
+    assert [lr_factor(s, lin) for s in range(4)] == [0.0, 0.25, 0.5, 0.75]
+    assert lr_factor(4, lin) == 1.0 and lr_factor(7, lin) == pytest.approx(0.5)
+    assert lr_factor(10, lin) == 0.0 and lr_factor(50, lin) == 0.0
+    cos = TrainingConfig(
+        max_steps=12, warmup_steps=2, schedule="cosine", min_lr_ratio=0.01, warmup_start_ratio=0.1
+    )
+    assert lr_factor(0, cos) == pytest.approx(0.1) and lr_factor(1, cos) == pytest.approx(0.55)
+    assert lr_factor(7, cos) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert lr_factor(12, cos) == pytest.approx(0.01)
+    const = TrainingConfig(max_steps=5, warmup_steps=1, schedule="constant")
+    assert lr_factor(0, const) == 0.0 and lr_factor(4, const) == 1.0
+    with pytest.raises(ValueError, match="step"):
+        lr_factor(-1, lin)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_steps", 0),
+        ("batch_size", 0),
+        ("grad_accum", 1.5),
+        ("schedule", "step"),
+        ("mixed_precision", "fp8"),
+        ("lr", 0.0),
+        ("warmup_steps", -1),
+        ("min_lr_ratio", 2.0),
+    ],
+)
+def test_config_validation(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        TrainingConfig(**{"max_steps": 3, field: value})
+
+
+def test_parameter_groups_skip_bias_and_norm() -> None:
+    net = Net()
+    decay, plain = parameter_groups(net, 0.1)
+    assert {id(p) for p in decay["params"]} == {id(net.inp.weight), id(net.out.weight)}
+    assert plain["weight_decay"] == 0.0 and len(plain["params"]) == 4
+    decay, plain = parameter_groups(net, 0.1, decay_norm_weights=True)
+    assert id(net.norm.weight) in {id(p) for p in decay["params"]}
+    assert {id(p) for p in plain["params"]} == {
+        id(net.inp.bias),
+        id(net.norm.bias),
+        id(net.out.bias),
+    }
+
+
+def test_batch_order_is_a_function_of_seed_and_epoch() -> None:
+    order = BatchOrder(10, 3, seed=5)
+    assert order.per_epoch == 3
+    epoch0 = [order.indices(m) for m in range(3)]
+    flat = [i for batch in epoch0 for i in batch]
+    assert len(set(flat)) == 9 and all(len(b) == 3 for b in epoch0)
+    epoch1 = [order.indices(m) for m in range(3, 6)]
+    assert epoch1 != epoch0
+    again = BatchOrder(10, 3, seed=5)
+    assert again.indices(4) == epoch1[1] and again.indices(0) == epoch0[0]  # random access
+    # two processes with batch 2 split the global batches of one process with batch 4
+    one = BatchOrder(12, 4, seed=1)
+    ranks = [BatchOrder(12, 2, seed=1, processes=2, rank=r) for r in range(2)]
+    for m in range(6):
+        assert ranks[0].indices(m) + ranks[1].indices(m) == one.indices(m)
+    with pytest.raises(ValueError, match="global batch"):
+        BatchOrder(3, 4)
+    with pytest.raises(ValueError, match="rank"):
+        BatchOrder(10, 2, processes=2, rank=2)
+
+
+def test_max_abs_monitor_records_only_while_active() -> None:
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    monitor = MaxAbsMonitor(net, [r"\d"])
+    assert monitor.names == ["0", "1"]
+    x = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    net(x)
+    monitor.start()
+    net(x)
+    net(2 * x)
+    values = monitor.collect()
+    lin = net[0](2 * x).detach()
+    assert values["0"] == pytest.approx(float(lin.abs().max()))
+    assert values["1"] == pytest.approx(float(lin.clamp_min(0).max()))
+    net(10 * x)
+    assert monitor.collect() == {}
+    monitor.remove()
+    with pytest.raises(ValueError, match="patterns"):
+        MaxAbsMonitor(net, ["nothing"])
+    with pytest.raises(TypeError, match="patterns"):
+        MaxAbsMonitor(net, "0")
+
+
+def test_training_reduces_loss_and_logs(tmp_path: Path) -> None:
+    run = trainer(
+        tmp_path, max_steps=30, log_every=5, checkpoint_every=0, evaluate=lambda m: {"x": 1.0}
+    )
+    result = run.fit()
+    assert result.finished and result.step == 30 and result.resumed_from is None
+    log = read_log(tmp_path)
+    assert log == result.log and [r["step"] for r in log] == [5, 10, 15, 20, 25, 30]
+    assert log[-1]["loss"] < 0.5 * log[0]["loss"]
+    assert set(log[0]["max_abs"]) == {"inp", "norm"} and all(
+        v > 0 for v in log[0]["max_abs"].values()
+    )
+    assert "eval" not in log[0] and log[-1]["eval"] == {"x": 1.0}
+    assert log[0]["lr"] == pytest.approx(1e-2 * lr_factor(4, run.config))
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-30"
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_stopped_and_resumed_run_is_bitwise_identical(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        torch.randn(5)  # evaluation randomness must not leak into training
+        return {"w": float(model.out.weight.sum())}
+
+    full = trainer(tmp_path / "full", evaluate=evaluate, eval_every=4)
+    reference = full.fit()
+    reference_state = {k: v.clone() for k, v in full.model.state_dict().items()}
+
+    # a crash during step 5 (after the checkpoint of step 3), then a fresh process resumes
+    crashing = trainer(tmp_path / "cut", evaluate=evaluate, eval_every=4)
+
+    def crash_at_step_5(model: nn.Module, batch: Any) -> Tensor:
+        calls["n"] += 1
+        if calls["n"] > 8:  # 4 steps x 2 micro-batches done
+            raise Crash
+        return loss_fn(model, batch)
+
+    crashing.loss_fn = crash_at_step_5
+    with pytest.raises(Crash):
+        crashing.fit()
+    assert latest_checkpoint(tmp_path / "cut").name == "step-3"
+    torch.manual_seed(123)  # the new process's RNG differs; the checkpoint restores it
+    resumed = trainer(tmp_path / "cut", evaluate=evaluate, eval_every=4)
+    result = resumed.fit()
+    assert result.resumed_from == 3 and result.step == 8
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference_state[name]), name
+    assert result.log == reference.log
+    assert (tmp_path / "cut" / "log.jsonl").read_text() == (
+        tmp_path / "full" / "log.jsonl"
+    ).read_text()
+    assert [r["step"] for r in result.log] == [2, 4, 6, 8]
+    assert "eval" in result.log[1] and "eval" not in result.log[2]
+
+
+def test_until_step_splits_a_run(tmp_path: Path) -> None:
+    full = trainer(tmp_path / "full", checkpoint_every=0)
+    full.fit()
+    part = trainer(tmp_path / "part", checkpoint_every=0, keep_checkpoints=2)
+    first = part.fit(until_step=5)
+    assert not first.finished and first.step == 5
+    second = trainer(tmp_path / "part", checkpoint_every=0, keep_checkpoints=2).fit()
+    assert second.resumed_from == 5 and second.finished
+    assert json.dumps(second.log) == json.dumps(full.log)
+    steps = sorted(p.name for p in (tmp_path / "part" / "checkpoints").iterdir())
+    assert steps == ["step-5", "step-8"]
+    # resume=False starts over and overwrites the log
+    again = trainer(tmp_path / "part", checkpoint_every=0).fit(resume=False)
+    assert again.resumed_from is None and again.log == full.log
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="model"):
+        Trainer("net", data(), loss_fn, config(), tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config"):
+        Trainer(Net(), data(), loss_fn, {"max_steps": 1}, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dataset"):
+        Trainer(Net(), iter(data()), loss_fn, config(), tmp_path)
+    bad = Trainer(Net(), data(), lambda m, b: torch.ones(2), config(), tmp_path, progress=False)
+    with pytest.raises(TypeError, match="scalar"):
+        bad.fit()
+
+
+def test_no_clipping_reports_the_gradient_norm(tmp_path: Path) -> None:
+    result = trainer(tmp_path, grad_clip=None, max_steps=2, log_every=1).fit()
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in result.log)
