@@ -454,3 +454,38 @@ def test_structures_in_hopfield_layer_with_padding(structure) -> None:
     assert out.shape == (2, 9, 8) and torch.isfinite(out).all()
     assert weights is not None and (weights[1, ..., 6:] == 0).all()
     out.sum().backward()
+
+
+def test_topk_fraction_with_causal_rule_counts_visible_keys() -> None:
+    q, k, v = patterns(b=1, h=2, length=9, size=9)
+    out, weights = TopK(fraction=0.5)(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=1.0,
+        mask=None,
+        causal=True,
+        dropout=0.0,
+        return_weights=True,
+    )
+    counts = torch.clamp(torch.arange(1, 10) // 2, min=1)  # int(0.5 · (i + 1)) per query
+    allowed = topk_support(q, k, 1.0, counts, causal_allowed(9, 9))
+    assert weights is not None and torch.equal(weights > 0, allowed)
+    ref, _ = reference(q, k, v, Softmax(), 1.0, allowed)
+    assert_same(out, ref, (q, k, v))
+    with torch.no_grad():  # the inference path reuses the selected scores
+        torch.testing.assert_close(
+            TopK(fraction=0.5)(
+                q,
+                k,
+                v,
+                separation=Softmax(),
+                scale=1.0,
+                mask=None,
+                causal=True,
+                dropout=0.0,
+                return_weights=False,
+            )[0],
+            ref,
+        )

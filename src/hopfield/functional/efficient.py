@@ -129,6 +129,7 @@ class _GatheredStructure(Structure):
         v_flat: Tensor,
         idx: Tensor,
         keep: Tensor | None,
+        scores: Tensor | None,
         *,
         size: int,
         offset: int,
@@ -143,27 +144,36 @@ class _GatheredStructure(Structure):
         """Association of the query block ``q (B, H, Lc, E)`` with the keys ``idx (B, H, Lc, K)``.
 
         ``k_flat``/``v_flat`` are the keys/values flattened to ``(B·H·S, ·)``; ``keep`` marks the
-        slots that take part; ``bias``/``scale`` are already restricted to the block's rows;
-        ``offset = S - L`` and ``start`` (the block's first query) locate the causal boundary.
+        slots that take part; ``scores`` are the selected scores when the support search already
+        computed them (without gradients), else they are computed from the gathered keys;
+        ``bias``/``scale`` are already restricted to the block's rows; ``offset = S - L`` and
+        ``start`` (the block's first query) locate the causal boundary. The weighted sum of the
+        gathered values runs through :func:`torch.nn.functional.embedding_bag` and never
+        materialises the ``(Lc, K, Ev)`` values.
         """
-        batch, heads, rows, _ = idx.shape
+        batch, heads, rows, slots = idx.shape
         base = torch.arange(batch * heads, device=idx.device).view(batch, heads, 1, 1) * size
         flat = base + idx
-        keys = k_flat[flat]  # (B, H, Lc, K, E)
-        scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
-        if bias is not None:
-            scores = scores + _take_columns(bias, idx)
         blocked = None if keep is None else ~keep
-        if causal:
-            query = torch.arange(start, start + rows, device=idx.device).view(rows, 1)
-            beyond = idx > query + offset
-            blocked = beyond if blocked is None else blocked | beyond
+        if scores is None:
+            keys = F.embedding(flat, k_flat)  # (B, H, Lc, K, E)
+            scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
+            if bias is not None:
+                scores = scores + _take_columns(bias, idx)
+            if causal:
+                query = torch.arange(start, start + rows, device=idx.device).view(rows, 1)
+                beyond = idx > query + offset
+                blocked = beyond if blocked is None else blocked | beyond
         if blocked is not None:
             scores = scores.masked_fill(blocked, -math.inf)
         weights = separation(scores)
         dropped = F.dropout(weights, dropout) if dropout > 0 else weights
-        values = v_flat[flat]  # (B, H, Lc, K, Ev)
-        out = torch.matmul(dropped.unsqueeze(-2), values).squeeze(-2)
+        out = F.embedding_bag(
+            flat.reshape(-1, slots),
+            v_flat,
+            per_sample_weights=dropped.reshape(-1, slots).to(v_flat.dtype),
+            mode="sum",
+        ).view(batch, heads, rows, v_flat.shape[-1])
         if not return_weights:
             return out, None
         dense = weights.new_zeros(batch, heads, rows, size)
@@ -193,6 +203,10 @@ class _GatheredStructure(Structure):
         v_flat = v.reshape(batch * heads * size, v.shape[-1])
         per_query = max(slots * (dim + v.shape[-1]), slots + extra_per_query)
         block = self._block_length(batch * heads, per_query, length)
+        tensors = [q, k, scale, bias]
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(t, Tensor) and t.requires_grad for t in tensors
+        )
         outs: list[Tensor] = []
         weights: list[Tensor] = []
         for start in range(0, length, block):
@@ -202,7 +216,7 @@ class _GatheredStructure(Structure):
             bias_block = None if bias is None else _rows(bias, start, stop, length)
             assert not isinstance(bias_block, float)
             with torch.no_grad():
-                idx, keep = self._support(
+                idx, keep, scores = self._support(
                     q_block.detach(),
                     k.detach(),
                     scale=scale_block.detach() if isinstance(scale_block, Tensor) else scale_block,
@@ -217,6 +231,7 @@ class _GatheredStructure(Structure):
                 v_flat,
                 idx,
                 keep,
+                None if needs_grad else scores,
                 size=size,
                 offset=size - length,
                 start=start,
@@ -245,8 +260,9 @@ class _GatheredStructure(Structure):
         causal: bool,
         start: int,
         length: int,
-    ) -> tuple[Tensor, Tensor | None]:  # pragma: no cover - abstract
-        """Key indices ``(B, H, Lc, K)`` of the support of each query and the kept slots (or None)."""
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # pragma: no cover - abstract
+        """Key indices ``(B, H, Lc, K)`` of the support of each query, the kept slots (or
+        ``None`` when all are kept) and the selected scores when the search computed them."""
         raise NotImplementedError
 
 
@@ -290,7 +306,7 @@ class TopK(_GatheredStructure):
         k: int | None = None,
         *,
         fraction: float | None = None,
-        chunk_size: int = 1024,
+        chunk_size: int = 4096,
         max_block_elements: int = 1 << 23,
     ) -> None:
         super().__init__()
@@ -342,7 +358,7 @@ class TopK(_GatheredStructure):
         causal: bool,
         start: int,
         length: int,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
@@ -350,7 +366,13 @@ class TopK(_GatheredStructure):
         query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
         best_scores: Tensor | None = None
         best_idx: Tensor | None = None
-        valid = torch.zeros(batch, heads, rows, dtype=torch.int64, device=q.device)
+        # Valid keys per query: counted only where a mask makes them data-dependent.
+        count_valid = self.fraction is not None and bias is not None
+        if count_valid:
+            valid = torch.zeros(batch, heads, rows, dtype=torch.int64, device=q.device)
+        else:
+            valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
+            valid = valid.expand(batch, heads, rows)
         for lo in range(0, size, chunk):
             hi = min(lo + chunk, size)
             scores = torch.matmul(q, k[:, :, lo:hi].transpose(-1, -2)) * scale
@@ -360,19 +382,25 @@ class TopK(_GatheredStructure):
                 cols = torch.arange(lo, hi, device=q.device).view(1, hi - lo)
                 scores = scores.masked_fill(cols > query + (size - length), -math.inf)
             scores = scores.expand(batch, heads, rows, hi - lo)
-            valid += torch.isfinite(scores).sum(-1)
+            if count_valid:
+                valid += torch.isfinite(scores).sum(-1)
             cols_idx = torch.arange(lo, hi, device=q.device).expand(batch, heads, rows, hi - lo)
             if best_scores is not None and best_idx is not None:
                 scores = torch.cat([best_scores, scores], dim=-1)
                 cols_idx = torch.cat([best_idx, cols_idx], dim=-1)
-            best_scores, position = scores.topk(min(upper, scores.shape[-1]), dim=-1)
+            best_scores, position = scores.topk(min(upper, scores.shape[-1]), dim=-1, sorted=False)
             best_idx = cols_idx.gather(-1, position)
-        assert best_idx is not None
+        assert best_idx is not None and best_scores is not None
         kept = support_size(valid, self.k, self.fraction)
-        slots = int(kept.max()) if self.fraction is not None else best_idx.shape[-1]
-        best_idx = best_idx[..., :slots]
+        slots = best_idx.shape[-1]
+        if self.fraction is not None and bool((kept < slots).any()):
+            # Rows keep different numbers of keys: order the candidates, keep a prefix per row.
+            best_scores, order = best_scores.sort(dim=-1, descending=True)
+            best_idx = best_idx.gather(-1, order)
+            slots = int(kept.max())
+            best_idx, best_scores = best_idx[..., :slots], best_scores[..., :slots]
         keep = torch.arange(slots, device=q.device) < kept.unsqueeze(-1)
-        return best_idx, (None if bool(keep.all()) else keep)
+        return best_idx, (None if bool(keep.all()) else keep), best_scores
 
 
 # ------------------------------------------------------------------------------------------------
@@ -567,7 +595,7 @@ class RandomMask(_GatheredStructure):
         causal: bool,
         start: int,
         length: int,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
         device = q.device
@@ -599,7 +627,7 @@ class RandomMask(_GatheredStructure):
                 idx = torch.cat([target, others[..., : slots - 1]], dim=-1)
             idx = idx.view(batch, heads, rows, slots)
             keep = torch.arange(slots, device=device) < count.unsqueeze(-1)
-            return idx, (None if bool(keep.all()) else keep)
+            return idx, (None if bool(keep.all()) else keep), None
         allowed = torch.ones(1, 1, rows, size, dtype=torch.bool, device=device)
         if bias is not None:
             allowed = allowed & torch.isfinite(bias)
@@ -616,7 +644,7 @@ class RandomMask(_GatheredStructure):
             count = count.clamp_min(1)
         idx = priority.topk(slots, dim=-1).indices
         keep = torch.arange(slots, device=device) < count.unsqueeze(-1)
-        return idx, (None if bool(keep.all()) else keep)
+        return idx, (None if bool(keep.all()) else keep), None
 
 
 # ------------------------------------------------------------------------------------------------
