@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,6 +14,15 @@ from hopfield.memory import retrieve
 
 DTYPE = torch.float64
 SEPARATIONS = [Softmax(), SoftmaxN(1), Sparsemax(), Entmax(1.5), Polynomial(10)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Many small products: one thread avoids thread-pool contention on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def sphere(generator: torch.Generator, count: int, dim: int, radius: float) -> torch.Tensor:

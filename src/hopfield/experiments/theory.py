@@ -112,7 +112,7 @@ PRESETS = {
     "tiny": Config(
         trials=6,
         dynamics_dims=(8, 16),
-        dynamics_sizes=(4, 50, 300),
+        dynamics_sizes=(4, 50),
         max_steps=1000,
         lipschitz_pairs=2000,
         corollary_trials=500,

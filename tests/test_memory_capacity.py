@@ -1,0 +1,236 @@
+"""``memory-capacity`` and its shared protocol: queries, memory sets, scores, models, resume, data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hopfield.data import DataNotFoundError
+from hopfield.experiments import run_experiment
+from hopfield.experiments.memory_capacity import (
+    Point,
+    corrupt,
+    energy_trend,
+    make_model,
+    memory_sets,
+    run_model,
+    scores,
+    throughput,
+)
+from hopfield.experiments.runner import load_record
+from hopfield.functional import Polynomial, Softmax, SoftmaxN, Sparsemax
+from hopfield.functional.efficient import RandomMask, TopK
+from hopfield.functional.efficient_kernel import Linear, RandomFeatures
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Many small products: one thread avoids thread-pool contention on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def trend_rows(record: dict) -> list[list]:
+    table = record["results"]["tables"][0]
+    assert table["name"] == "Stated trends, checked"
+    return table["rows"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("capacity")
+    path = run_experiment("memory-capacity", "tiny", out, progress=False)
+    return path, load_record(path)
+
+
+def test_tiny_run_measures_every_model_and_the_exact_claims_hold(tiny: tuple[Path, dict]) -> None:
+    _, record = tiny
+    rows = trend_rows(record)
+    # B-ii: energy descent in every run; B-i: one-step Dense/OutEffHop identity.
+    assert rows[0][0].startswith("OutEffHop spec B-ii") and rows[0][3] is True
+    assert rows[1][0].startswith("OutEffHop spec B-i") and rows[1][3] is True
+    points = record["results"]["tables"][1]
+    columns = points["columns"]
+    models = {(r[columns.index("study")], r[columns.index("model")]) for r in points["rows"]}
+    assert len(models) == 15
+    sizes = {r[columns.index("M")] for r in points["rows"]}
+    assert sizes == {10, 30}
+    for row in points["rows"]:
+        for name in ("success cos", "success rel", "success nearest"):
+            assert 0.0 <= row[columns.index(name)] <= 1.0
+    throughput_table = record["results"]["tables"][2]
+    assert throughput_table["rows"][0][-1] > 0
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint(tiny: tuple[Path, dict], tmp_path: Path) -> None:
+    path, _ = tiny
+    checkpoint = path.parent / "capacity_checkpoint.json"
+    saved = json.loads(checkpoint.read_text())
+    assert len(saved["cases"]) == 2
+    # Mark one finished case; a resumed run must reuse it rather than recompute it.
+    key = next(iter(saved["cases"]))
+    saved["cases"][key]["points"][0]["values"]["cos"] = [0.123, 0.123, 0.123]
+    target = tmp_path / "memory-capacity"
+    target.mkdir()
+    (target / "capacity_checkpoint.json").write_text(json.dumps(saved))
+    again = load_record(
+        run_experiment(
+            "memory-capacity", "tiny", tmp_path, progress=False, overrides={"throughput": "null"}
+        )
+    )
+    cells = [r for r in again["results"]["tables"][1]["rows"] if 0.123 in r]
+    assert len(cells) == 1
+    # A changed configuration starts afresh.
+    fresh = load_record(
+        run_experiment(
+            "memory-capacity",
+            "tiny",
+            tmp_path,
+            progress=False,
+            overrides={"throughput": "null", "memory_sizes": "[10]"},
+        )
+    )
+    assert all(0.123 not in r for r in fresh["results"]["tables"][1]["rows"])
+
+
+def test_corruptions() -> None:
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(4, 3, 8, 6, generator=g)
+    half = corrupt(images, "half", 0.0, g).view(4, 3, 8, 6)
+    assert bool((half[:, :, 4:] == 0).all())
+    torch.testing.assert_close(half[:, :, :4], images[:, :, :4])
+    noisy = corrupt(images, "noise", 0.5, g)
+    assert noisy.shape == (4, 144) and bool(((noisy >= 0) & (noisy <= 1)).all())
+    assert not torch.equal(noisy, images.flatten(1))
+    with pytest.raises(ValueError, match="query kind"):
+        corrupt(images, "blur", 0.1, g)
+
+
+def test_memory_sets_are_disjoint() -> None:
+    g = torch.Generator().manual_seed(1)
+    index = memory_sets(100, 20, 7, g)
+    assert index is not None and index.shape == (5, 20)
+    assert index.unique().numel() == 100
+    assert memory_sets(10, 20, 3, g) is None
+
+
+def test_scores_of_perfect_and_swapped_retrieval() -> None:
+    memories = torch.eye(4).repeat(2, 1, 1) + 0.1
+    perfect = scores(memories, memories)
+    for name in ("cos", "rel", "nearest"):
+        torch.testing.assert_close(perfect[name], torch.ones(2))
+    torch.testing.assert_close(perfect["mse"], torch.zeros(2))
+    swapped = scores(memories.flip(1), memories)
+    torch.testing.assert_close(swapped["nearest"], torch.zeros(2))
+    torch.testing.assert_close(swapped["cos"], torch.zeros(2))
+    zero = scores(torch.zeros_like(memories), memories)
+    torch.testing.assert_close(zero["cos"], torch.zeros(2))
+
+
+def test_models() -> None:
+    expected = {
+        "dense": (Softmax, type(None)),
+        "outeffhop": (SoftmaxN, type(None)),
+        "sparse": (Sparsemax, type(None)),
+        "poly10": (Polynomial, type(None)),
+        "topk-20": (Softmax, TopK),
+        "random-80": (Softmax, RandomMask),
+        "linear": (Softmax, Linear),
+        "random-features": (Softmax, RandomFeatures),
+    }
+    for name, (separation, structure) in expected.items():
+        model = make_model(name, "study", 0.5, seed=0)
+        assert isinstance(model.separation, separation) and isinstance(model.structure, structure)
+        assert model.beta == 0.5
+    top = make_model("topk-20", "s", 1.0, 0).structure
+    assert isinstance(top, TopK) and top.fraction == pytest.approx(0.2)
+    random = make_model("random-80", "s", 1.0, 0).structure
+    assert isinstance(random, RandomMask) and random.fraction == pytest.approx(0.2)  # 80 % masked
+    with pytest.raises(ValueError, match="unknown model"):
+        make_model("topk-x", "s", 1.0, 0)
+
+
+def test_run_model_scores_each_step_count_and_traces_energy() -> None:
+    g = torch.Generator().manual_seed(2)
+    memories = torch.rand(2, 30, 16, generator=g)
+    queries = memories + 0.2 * torch.randn(2, 30, 16, generator=g)
+    outs, rise = run_model(make_model("outeffhop", "s", 1.0, 0), queries, memories, (1, 3))
+    assert set(outs) == {1, 3} and rise is not None and rise <= 1e-5
+    manual = queries
+    for _ in range(3):
+        manual = SoftmaxN(1.0)(manual @ memories.transpose(1, 2)) @ memories
+    torch.testing.assert_close(outs[3], manual, rtol=1e-4, atol=1e-5)
+    _, none = run_model(make_model("topk-50", "s", 1.0, 0), queries, memories, (1,))
+    assert none is None
+
+
+def test_energy_trend_and_point() -> None:
+    assert energy_trend({"a": -1.0, "b": 1e-7}, 1e-5)[3] is True
+    assert energy_trend({"a": 1e-3}, 1e-5)[3] is False
+    point = Point("d", "half", "m", "s", 1.0, 1, 10, 0.1, 2, {"cos": [0.5, 1.0]})
+    assert point.mean("cos") == pytest.approx(0.75)
+    assert point.std("cos") == pytest.approx(0.3535533906)
+
+
+def test_missing_data_fails_clearly_or_is_skipped(tmp_path: Path) -> None:
+    with pytest.raises(DataNotFoundError, match="mnist"):
+        run_experiment(
+            "memory-capacity",
+            "tiny",
+            tmp_path,
+            data_dir=tmp_path / "nothing",
+            progress=False,
+            overrides={"datasets": '["mnist"]', "throughput": "null"},
+        )
+    record = load_record(
+        run_experiment(
+            "memory-capacity",
+            "tiny",
+            tmp_path,
+            data_dir=tmp_path / "nothing",
+            progress=False,
+            overrides={
+                "datasets": '["digits", "cifar10"]',
+                "memory_sizes": "[10]",
+                "throughput": "null",
+            },
+        )
+    )
+    assert any(note.startswith("cifar10 skipped") for note in record["results"]["notes"])
+
+
+def test_mnist_from_the_shared_data(shared_data: Path, tmp_path: Path) -> None:
+    if not (shared_data / "images" / "mnist" / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip("MNIST test images not in the shared data")
+    record = load_record(
+        run_experiment(
+            "memory-capacity",
+            "tiny",
+            tmp_path,
+            data_dir=shared_data,
+            progress=False,
+            overrides={
+                "datasets": '["mnist"]',
+                "memory_sizes": "[20]",
+                "memory_sets": "2",
+                "steps": "[1]",
+                "models": '["dense", "outeffhop"]',
+                "efficient_models": '["topk-20"]',
+                "throughput": "null",
+            },
+        )
+    )
+    rows = record["results"]["tables"][1]["rows"]
+    assert {r[0] for r in rows} == {"mnist"} and len(rows) == 3
+
+
+def test_throughput_reports_a_ratio() -> None:
+    timing = throughput(200, 100, 16, 1.0, repeats=1)
+    assert timing["retrieve_s"] > 0 and timing["matmuls_s"] > 0
+    assert timing["ratio"] == pytest.approx(timing["retrieve_s"] / timing["matmuls_s"])

@@ -1,0 +1,40 @@
+"""``noise-robustness``: the tiny preset runs, sweeps σ and the exact claims hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hopfield.experiments import run_experiment
+from hopfield.experiments.runner import load_record
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Many small products: one thread avoids thread-pool contention on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_tiny_noise_sweep(tmp_path: Path) -> None:
+    record = load_record(run_experiment("noise-robustness", "tiny", tmp_path, progress=False))
+    trends, points = record["results"]["tables"]
+    assert trends["rows"][0][0].startswith("OutEffHop spec B-ii") and trends["rows"][0][3] is True
+    assert trends["rows"][1][0].startswith("OutEffHop spec B-i") and trends["rows"][1][3] is True
+    sources = {row[0] for row in trends["rows"]}
+    assert {"OutEffHop Fig. 6", "Nonparametric Remark 4.2 / Fig. 2"} <= sources
+    columns = points["columns"]
+    sigmas = {row[columns.index("σ")] for row in points["rows"]}
+    assert sigmas == {0.1, 1.0}
+    assert {row[columns.index("steps")] for row in points["rows"]} == {1, 2}
+    # Noise hurts: mean cos success over all models falls from the lowest to the highest σ.
+    success = columns.index("success cos")
+    low = [row[success] for row in points["rows"] if row[columns.index("σ")] == 0.1]
+    high = [row[success] for row in points["rows"] if row[columns.index("σ")] == 1.0]
+    assert sum(high) / len(high) < sum(low) / len(low)
+    assert (tmp_path / "noise-robustness" / "noise_checkpoint.json").is_file()
