@@ -231,13 +231,11 @@ def orthogonal_gaussian(
     """
     if not orthogonal:
         return torch.randn(rows, dim, generator=generator, dtype=torch.float64).to(dtype)
-    blocks = []
-    for _ in range(-(-rows // dim)):
-        gaussian = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-        basis, triangle = torch.linalg.qr(gaussian)
-        basis = basis * torch.sign(torch.diagonal(triangle)).unsqueeze(0)
-        blocks.append(basis.T)
-    directions = torch.cat(blocks, dim=0)[:rows]
+    count = -(-rows // dim)
+    gaussian = torch.randn(count, dim, dim, generator=generator, dtype=torch.float64)
+    basis, triangle = torch.linalg.qr(gaussian)  # batched over the blocks
+    basis = basis * torch.sign(torch.diagonal(triangle, dim1=-2, dim2=-1)).unsqueeze(-2)
+    directions = basis.transpose(-1, -2).reshape(count * dim, dim)[:rows]
     norms = torch.randn(rows, dim, generator=generator, dtype=torch.float64).norm(
         dim=1, keepdim=True
     )
