@@ -350,3 +350,23 @@ def test_task_models_forward() -> None:
     masked = codes == 6
     loss = masked_token_loss(out, torch.randint(0, 6, (2, 4)), masked | True)
     assert loss.ndim == 0 and loss > 0
+
+
+def test_zero_initialised_time_mlp_stays_constant_under_training() -> None:
+    """With the official zero initialisation of both time-MLP Linears, their weights get zero
+    gradient (GELU(0) = 0 feeds the second, whose zero weight blocks the first): only the last
+    bias learns, so the learned step sizes depend on t only through X_t (a documented finding)."""
+    enc = HyperSETEncoder(8, 2, iterations=3, time_frequency=8)
+    net = enc.step_sizes
+    assert net is not None and net.time_in is not None and net.time_out is not None
+    optimizer = torch.optim.AdamW(enc.parameters(), lr=0.1)
+    x0 = torch.randn(2, 4, 8)
+    for _ in range(3):
+        optimizer.zero_grad()
+        enc(x0).sin().sum().backward()
+        optimizer.step()
+    assert float(net.time_in.weight.detach().abs().max()) == 0.0
+    assert float(net.time_out.weight.detach().abs().max()) == 0.0
+    assert float(net.time_out.bias.detach().abs().max()) > 0.0
+    c = net.time_condition(torch.arange(1, 4))
+    assert torch.equal(c[0], c[2])

@@ -107,14 +107,14 @@ class Config:
 
 PRESETS = {
     "tiny": Config(
-        dataset="digits", train_size=256, grid=4, d_model=32, num_heads=2, scaleup_d_model=48,
-        scaleup_num_heads=2, iterations=4, time_frequency=32, epochs=2, batch_size=64,
-        warmup_epochs=1, crop_padding=1, flip=False, ablations=("fixed-0.1",),
-        layer_splits=(2,), lora_ranks=(2,), analysis_size=32, eval_batch_size=360,
+        dataset="digits", train_size=128, grid=4, d_model=16, num_heads=2, scaleup_d_model=24,
+        scaleup_num_heads=2, iterations=2, time_frequency=16, epochs=1, batch_size=64,
+        warmup_epochs=1, crop_padding=1, flip=True, ablations=("fixed-0.1",),
+        layer_splits=(2,), lora_ranks=(2,), analysis_size=16, eval_batch_size=360,
     ),
     "small": Config(
         dataset="digits", grid=4, d_model=64, num_heads=4, scaleup_d_model=96,
-        scaleup_num_heads=4, iterations=12, time_frequency=64, epochs=15, batch_size=64,
+        scaleup_num_heads=4, iterations=12, time_frequency=64, epochs=12, batch_size=128,
         warmup_epochs=2, crop_padding=1, flip=False,
         ablations=("attention-sigmoid", "attention-linear", "ff-softmax", "ff-gated",
                    "fixed-0.5", "fixed-0.1"),

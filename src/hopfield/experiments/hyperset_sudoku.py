@@ -111,9 +111,9 @@ class Config:
 
 PRESETS = {
     "tiny": Config(
-        min_givens=36, max_givens=40, train_size=96, test_size=32, d_model=32, num_heads=2,
-        ff_ratio=2.0, iterations=4, time_frequency=32, epochs=2, batch_size=32, lr=1e-3,
-        ablations=("fixed-0.1",), eval_size=32, analysis_size=16, eval_batch_size=32,
+        min_givens=38, max_givens=42, train_size=24, test_size=8, d_model=16, num_heads=2,
+        ff_ratio=2.0, iterations=2, time_frequency=16, epochs=1, batch_size=24, lr=1e-3,
+        ablations=("fixed-0.1",), eval_size=8, analysis_size=8, eval_batch_size=8,
     ),
     "small": Config(
         min_givens=36, max_givens=45, train_size=1500, test_size=300, d_model=48, num_heads=4,

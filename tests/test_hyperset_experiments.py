@@ -1,0 +1,102 @@
+"""Hyper-SET experiments: tiny presets end to end, resume from checkpoints, missing data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hopfield.data import DataNotFoundError
+from hopfield.experiments import run_experiment
+from hopfield.experiments.hyperset_common import (
+    cosine_lr,
+    fraction_non_increasing,
+    linear_slope,
+)
+from hopfield.experiments.hyperset_images import augment
+from hopfield.experiments.hyperset_sudoku import _paper_at, blank_loss
+
+
+def _tables(path: Path) -> dict[str, dict]:
+    record = json.loads(path.read_text())
+    return {t["name"]: t for t in record["results"]["tables"]}, record
+
+
+def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
+    path = run_experiment("hyperset-sudoku", "tiny", tmp_path, progress=False)
+    tables, record = _tables(path)
+    main = tables["Sudoku: Hyper-SET vs weight-shared Transformer (Fig. 3, §5.1)"]
+    assert [row[0] for row in main["rows"]] == ["hyperset", "transformer", "fixed-0.1"]
+    assert main["rows"][0][2] == 5_195_584  # paper parameter count beside ours
+    metrics = record["results"]["metrics"]
+    assert 0.0 <= metrics["hyperset_cell_acc"] <= 100.0
+    assert "Alternative designs (Table 3 layout) on Sudoku" in tables
+    trajectory = tables[
+        "Energy, effective rank, angle and step sizes along the iterations (Figs. 5-6)"
+    ]
+    assert len(trajectory["rows"]) == 4  # 2 L: extrapolated rows included
+    assert all((tmp_path / "hyperset-sudoku" / f).is_file() for f in record["results"]["figures"])
+    # a second run resumes from the finished checkpoints: same numbers, no new training
+    again = run_experiment("hyperset-sudoku", "tiny", tmp_path, progress=False)
+    _, second = _tables(again)
+    assert second["results"]["metrics"] == metrics
+
+
+def test_images_tiny_runs(tmp_path: Path) -> None:
+    path = run_experiment("hyperset-images", "tiny", tmp_path, progress=False)
+    tables, record = _tables(path)
+    assert {"Alternative designs (Table 3)", "Layer-iteration trade-off (Fig. 4)",
+            "Depth-wise LoRA (Table 4)"} <= set(tables)  # fmt: skip
+    metrics = record["results"]["metrics"]
+    assert metrics["param_ratio_small"] < 1.0
+    assert metrics["hyperset-scaleup-lora2_params"] > metrics["hyperset-scaleup_params"]
+
+
+def test_paper_presets_fail_clearly_without_data(tmp_path: Path) -> None:
+    with pytest.raises(DataNotFoundError):
+        run_experiment("hyperset-sudoku", "paper", tmp_path, data_dir=tmp_path, progress=False)
+    with pytest.raises(DataNotFoundError):
+        run_experiment("hyperset-images", "paper", tmp_path, data_dir=tmp_path, progress=False)
+
+
+def test_helpers() -> None:
+    assert cosine_lr(0, 10, 1.0, 0.0, warmup=2) == 0.5
+    assert cosine_lr(2, 10, 1.0, 0.0, warmup=2) == 1.0
+    assert cosine_lr(10, 10, 1.0, 0.1) == pytest.approx(0.1)
+    assert fraction_non_increasing([3.0, 2.0, 2.0, 5.0]) == pytest.approx(2 / 3)
+    assert linear_slope([1.0, 3.0, 5.0]) == pytest.approx(2.0)
+    assert _paper_at(1.0, "hyperset") == 54.70
+    assert _paper_at(1.25, "hyperset") == pytest.approx((56.20 + 56.73) / 2)
+    puzzles = torch.tensor([[0] * 80 + [5]])
+    solutions = torch.full((1, 81), 5)
+    logits = torch.zeros(1, 81, 9)
+    logits[0, -1, 0] = 100.0  # a wrong, confident given is ignored
+    assert blank_loss(logits, puzzles, solutions).item() == pytest.approx(
+        torch.log(torch.tensor(9.0)).item()
+    )
+    images = torch.arange(16.0).reshape(1, 1, 4, 4)
+    out = augment(images, 1, False, torch.Generator().manual_seed(0))
+    assert out.shape == images.shape
+    assert set(out.flatten().tolist()) <= set(images.flatten().tolist()) | {0.0}
+
+
+def test_mim_toy_pipeline(tmp_path: Path) -> None:
+    from hopfield.experiments.hyperset_mim import decode, fixed_mask, kmeans, random_mask, tokenize
+
+    g = torch.Generator().manual_seed(0)
+    points = torch.cat([torch.zeros(5, 2), torch.ones(5, 2) * 3])
+    centroids = kmeans(points, 2, 5, g)
+    assert sorted(centroids[:, 0].tolist()) == [0.0, 3.0]
+    images = torch.rand(3, 1, 4, 4)
+    grid_centroids = torch.rand(6, 4)
+    codes = tokenize(images, grid_centroids, 2)
+    assert torch.equal(tokenize(decode(codes, grid_centroids, 2, 1, 4), grid_centroids, 2), codes)
+    assert fixed_mask((4, 10), 0.4, g).sum(dim=1).tolist() == [4, 4, 4, 4]
+    assert int(random_mask((50, 10), 0.4, g).sum(dim=1).max()) <= 4
+    path = run_experiment("hyperset-mim", "tiny", tmp_path, progress=False)
+    _, record = _tables(path)
+    assert 0.0 <= record["results"]["metrics"]["hyperset_masked_accuracy"] <= 100.0
+    with pytest.raises(DataNotFoundError, match="VQGAN"):
+        run_experiment("hyperset-mim", "paper", tmp_path, progress=False)
