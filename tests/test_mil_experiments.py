@@ -102,3 +102,10 @@ def test_worker_processes() -> None:
         resolve_workers(-1, 3)
     results = dict(run_tasks(abs, [-1, -2, 3], workers=2))
     assert results == {-1: 1, -2: 2, 3: 3}
+
+
+def test_mil_bit_pattern_tiny(tmp_path: Path) -> None:
+    path = run_experiment("mil-bit-pattern", "tiny", tmp_path, progress=False)
+    record = json.loads(path.read_text())
+    assert record["results"]["tables"][0]["rows"][1][0] == "sparse"
+    assert set(record["results"]["metrics"]) == {"accuracy/dense/8", "accuracy/sparse/8"}
