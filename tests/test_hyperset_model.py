@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -370,3 +371,26 @@ def test_zero_initialised_time_mlp_stays_constant_under_training() -> None:
     assert float(net.time_out.bias.detach().abs().max()) > 0.0
     c = net.time_condition(torch.arange(1, 4))
     assert torch.equal(c[0], c[2])
+
+
+def test_untrained_dynamics_with_orthogonal_weights() -> None:
+    """Spec §9.3 A.6: fixed FF steps descend E_FF monotonically; fixed attention steps (eq. 9)
+    first lower E_ATTN, then the self-interaction shrinks the tokens and E_ATTN climbs toward its
+    collapsed maximum ``H·β⁻¹·N(log N + βp)``."""
+    torch.manual_seed(0)
+    n, d, h = 7, 12, 3
+    x = torch.randn(1, n, d, dtype=D64)
+    q = torch.linalg.qr(torch.randn(d, d, dtype=D64))[0].T.contiguous()
+    for gamma in (0.05, 0.5, 1.0):
+        y, energies = x, []
+        for _ in range(30):
+            y = y + gamma * feedforward_update(y, q)
+            energies.append(feedforward_energy(y, q).item())
+        assert all(b <= a + 1e-12 for a, b in itertools.pairwise(energies))
+    y, energies = x, [attention_energy(x, q, h).item()]
+    for _ in range(60):
+        y = y - 0.05 * attention_update(y, q, h)
+        energies.append(attention_energy(y, q, h).item())
+    assert energies[1] < energies[0]
+    maximum = h * 2.0 * n * (math.log(n) + 0.5 * 4)  # β = 1/2 for p = 4
+    assert energies[-1] > energies[0] and energies[-1] == pytest.approx(maximum, rel=0.01)
