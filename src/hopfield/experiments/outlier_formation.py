@@ -1,0 +1,963 @@
+"""Search for the cheapest training recipe under which a vanilla transformer forms attention outliers.
+
+Why: small OPT/BERT-style models trained for a few thousand steps on 2 CPU cores form no outliers
+(average kurtosis ≈ 3.3, max inf norm ≤ 12, W8A8 costing < 0.3 % perplexity; spec §7.4), so
+OutEffHop's central claim (Softmax_1 removes the outliers that break 8-bit quantization) can be
+neither confirmed nor refuted there. Bondarenko et al. (2023) trace outliers to heads that learn to
+"do nothing" by attending to low-information tokens (spec §1.8).
+
+What it does:
+
+1. **Search.** A grid (``Config.grid``: config field -> values, documented in
+   ``docs/outlier-formation.md``) over the knobs that favour no-op heads and outlier growth:
+   dropout off, higher learning rates, longer training, wider FFN, more layers, weight decay on or
+   off the LayerNorm gains, pre-LN vs post-LN, delimiter frequency. Grid points are tried in
+   increasing estimated training cost (:func:`training_gflop`; ties in the order the grid lists
+   its values), training only the **vanilla** (softmax) model: a small OPT-style causal LM
+   (:func:`hopfield.integrations.build_model` ``"opt"``, ``do_layer_norm_before`` = pre-LN) on the
+   synthetic streams of :mod:`hopfield.data.synthetic_text`, with the
+   :class:`hopfield.training.Trainer`. Each point is judged by :func:`judge`; the search stops at
+   the first success (``stop_at_first``). Points whose predicted training time exceeds
+   ``budget_s`` (from the measured seconds per GFLOP so far) are recorded as skipped.
+2. **Comparison.** Under the recipe found (or, with ``compare_best_if_none``, under the most
+   outlier-prone point tried, clearly labelled as such) the six variants of OutEffHop Table 1 are
+   trained over ``seeds``: avg kurtosis, max inf norm, FP and W8A8 perplexity with 95 % t
+   confidence intervals, the OutEffHop-vs-softmax reductions per pair with seed agreement, and the
+   training curves of ``max |x|`` (the Figure 2 quantity).
+
+Every point tried is reported with its kurtosis, norms and W8A8 gap, so a null result is data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hopfield.data.synthetic_text import SyntheticSample, SyntheticText, generate
+from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.results import Results, RunContext, Table
+
+__all__ = [
+    "PAPER_OPT",
+    "PRESETS",
+    "VARIANT_NAMES",
+    "Config",
+    "Criterion",
+    "GridPoint",
+    "Verdict",
+    "build",
+    "confidence_interval",
+    "evaluate",
+    "grid_points",
+    "judge",
+    "run",
+    "train_and_evaluate",
+    "training_gflop",
+]
+
+#: Display names of the attention variants (OutEffHop Table 1 rows).
+VARIANT_NAMES: dict[str, str] = {
+    "softmax": "Vanilla",
+    "softmax1": "OutEffHop",
+    "clipped": "Clipped Softmax",
+    "clipped_softmax1": "Clipped OutEffHop",
+    "gated": "Gated Attention",
+    "gated_softmax1": "Gated OutEffHop",
+}
+
+#: OutEffHop Table 1, OPT rows: avg kurtosis, max inf norm, FP16 perplexity, W8A8 perplexity.
+PAPER_OPT: dict[str, tuple[float, float, float, float]] = {
+    "softmax": (23341.513, 92.786, 15.974, 42.012),
+    "softmax1": (21.542, 13.302, 15.916, 16.429),
+    "clipped": (9731.110, 43.803, 16.042, 30.825),
+    "clipped_softmax1": (24127.332, 67.602, 16.118, 29.269),
+    "gated": (90.321, 13.704, 15.677, 16.236),
+    "gated_softmax1": (11.449, 7.568, 15.751, 16.148),
+}
+
+#: The (softmax, OutEffHop) pairs whose reductions the paper averages (spec §4.5).
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("softmax", "softmax1"),
+    ("clipped", "clipped_softmax1"),
+    ("gated", "gated_softmax1"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# success criterion
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """When a vanilla model counts as having formed real outliers.
+
+    ``(avg_kurtosis >= kurtosis or max_inf_norm >= norm_ratio × median_scale)`` **and** the W8A8
+    degradation ``>= degradation`` (relative: ``(W8A8 - FP) / FP`` for perplexity,
+    ``(FP - W8A8) / FP`` for accuracy) **and** training took at most ``budget_s`` seconds
+    (``None`` = no limit).
+    """
+
+    kurtosis: float = 20.0
+    norm_ratio: float = 10.0
+    degradation: float = 0.05
+    budget_s: float | None = 1800.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of :func:`judge`.
+
+    Attributes:
+        outliers: the kurtosis or the norm-ratio condition holds.
+        quantization_hurts: the W8A8 degradation reaches the threshold.
+        within_budget: training time within the budget.
+        success: all three.
+        degradation: relative W8A8 degradation (positive = worse after quantization).
+        norm_ratio: ``max_inf_norm / median_scale``.
+        reason: a one-line explanation.
+    """
+
+    outliers: bool
+    quantization_hurts: bool
+    within_budget: bool
+    success: bool
+    degradation: float
+    norm_ratio: float
+    reason: str
+
+
+def judge(
+    avg_kurtosis: float,
+    max_inf_norm: float,
+    median_scale: float,
+    fp_metric: float,
+    w8a8_metric: float,
+    *,
+    higher_is_better: bool = False,
+    train_seconds: float | None = None,
+    criterion: Criterion = Criterion(),
+) -> Verdict:
+    """Apply the success criterion (see :class:`Criterion`) to one trained vanilla model.
+
+    Args:
+        avg_kurtosis: average Pearson kurtosis of the selected activations (3 = Gaussian).
+        max_inf_norm: maximum over the selected tensors of the mean per-sample ``max |x|``.
+        median_scale: median over the selected tensors of their RMS (the typical activation size).
+        fp_metric, w8a8_metric: task metric before and after W8A8 quantization (perplexity, or
+            accuracy with ``higher_is_better``).
+        train_seconds: training time (checked against ``criterion.budget_s``); the experiment
+            passes CPU seconds per thread, which on a shared machine is the time on dedicated
+            cores.
+        criterion: the thresholds.
+    """
+    values = {
+        "avg_kurtosis": avg_kurtosis,
+        "max_inf_norm": max_inf_norm,
+        "median_scale": median_scale,
+        "fp_metric": fp_metric,
+        "w8a8_metric": w8a8_metric,
+    }
+    for name, value in values.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not median_scale > 0:
+        raise ValueError(f"median_scale must be positive, got {median_scale}")
+    if not fp_metric > 0:
+        raise ValueError(f"fp_metric must be positive, got {fp_metric}")
+    if not isinstance(criterion, Criterion):
+        raise TypeError(f"criterion must be a Criterion, got {type(criterion).__name__}")
+    ratio = max_inf_norm / median_scale
+    gap = (fp_metric - w8a8_metric) if higher_is_better else (w8a8_metric - fp_metric)
+    degradation = gap / fp_metric if math.isfinite(gap) else math.inf
+    kurtotic = avg_kurtosis >= criterion.kurtosis
+    wide = ratio >= criterion.norm_ratio
+    outliers = kurtotic or wide
+    hurts = degradation >= criterion.degradation
+    within = (
+        criterion.budget_s is None or train_seconds is None or train_seconds <= criterion.budget_s
+    )
+    parts = [
+        f"kurtosis {avg_kurtosis:.3g} {'>=' if kurtotic else '<'} {criterion.kurtosis:g}",
+        f"max|x|/scale {ratio:.3g} {'>=' if wide else '<'} {criterion.norm_ratio:g}",
+        f"W8A8 degradation {100 * degradation:.3g}% {'>=' if hurts else '<'} "
+        f"{100 * criterion.degradation:g}%",
+    ]
+    if not within:
+        parts.append(f"training {train_seconds:.0f} s > budget {criterion.budget_s:g} s")
+    return Verdict(
+        outliers=outliers,
+        quantization_hurts=hurts,
+        within_budget=within,
+        success=outliers and hurts and within,
+        degradation=degradation,
+        norm_ratio=ratio,
+        reason="; ".join(parts),
+    )
+
+
+def confidence_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the two-sided Student-t confidence interval (0 for one value)."""
+    if len(values) == 0:
+        raise ValueError("values must not be empty")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    from scipy.stats import t
+
+    half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * statistics.stdev(values)
+    return mean, half / math.sqrt(len(values))
+
+
+# --------------------------------------------------------------------------------------------
+# configuration and grid
+
+
+def _six() -> tuple[str, ...]:
+    return tuple(VARIANT_NAMES)
+
+
+@dataclass
+class Config:
+    """One training recipe plus the search grid around it.
+
+    Data (:class:`hopfield.data.synthetic_text.SyntheticText`): ``vocab_size``, ``seq_len``,
+    ``delimiter_rate``, ``filler_rate``, ``recall_rate``, ``branching``; ``train_sequences`` and
+    ``val_sequences`` fixed samples (data seeds 1 and 2, grammar seed 0).
+
+    Model (OPT-style causal LM): ``hidden_size``, ``num_heads``, ``num_layers``, ``ffn_dim``,
+    ``pre_ln`` (``False`` = post-LN), ``dropout`` (hidden, attention and activation), ``init_std``,
+    ``clip_gamma`` (clipped variants; ``None`` = the OPT default ``-12 / seq_len``).
+
+    Optimisation (:class:`hopfield.training.TrainingConfig`): ``steps``, ``batch_size``, ``lr``,
+    ``warmup_fraction`` (linear warm-up then linear decay), ``weight_decay``,
+    ``ln_weight_decay`` (also decay LayerNorm gains, OPT's ``--wd_LN_gamma``), ``grad_clip``.
+
+    Evaluation: ``eval_batch_size``, ``calibration_batches`` (W8A8 ranges, training batches),
+    ``percentile`` (``None`` = running min–max ranges).
+
+    Search: ``grid`` (config field -> list of values), ``max_configs`` (0 = all), ``budget_s``
+    (training seconds allowed per point, measured as CPU seconds per thread), ``stop_at_first``, and the :class:`Criterion`
+    thresholds ``kurtosis_threshold``, ``norm_ratio_threshold``, ``degradation_threshold``.
+
+    Comparison: ``variants``, ``seeds`` (training seeds: initialisation and data order),
+    ``compare_best_if_none`` (compare at the most outlier-prone point when no recipe succeeded),
+    ``compare`` (``False`` = search only).
+
+    Machine: ``threads`` (``torch.set_num_threads`` during the run, 0 = leave), ``cpu`` (force
+    the CPU), ``log_every`` (steps between ``max |x|`` log records), ``checkpoint_every`` (steps
+    between trainer checkpoints; 0 = only at the end), ``keep_checkpoints`` (keep them after the
+    evaluation).
+    """
+
+    seed: int = 0
+    vocab_size: int = 64
+    seq_len: int = 64
+    delimiter_rate: float = 0.15
+    filler_rate: float = 0.1
+    recall_rate: float = 0.5
+    branching: int = 3
+    train_sequences: int = 4096
+    val_sequences: int = 256
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_layers: int = 4
+    ffn_dim: int = 512
+    pre_ln: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+    clip_gamma: float | None = None
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.1
+    ln_weight_decay: bool = True
+    grad_clip: float = 1.0
+    eval_batch_size: int = 64
+    calibration_batches: int = 16
+    percentile: float | None = None
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    max_configs: int = 0
+    budget_s: float = 1800.0
+    stop_at_first: bool = True
+    kurtosis_threshold: float = 20.0
+    norm_ratio_threshold: float = 10.0
+    degradation_threshold: float = 0.05
+    variants: tuple[str, ...] = field(default_factory=_six)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    compare: bool = True
+    compare_best_if_none: bool = True
+    threads: int = 1
+    cpu: bool = True
+    log_every: int = 50
+    checkpoint_every: int = 500
+    keep_checkpoints: bool = False
+
+    @property
+    def criterion(self) -> Criterion:
+        """The success thresholds of this config."""
+        return Criterion(
+            kurtosis=self.kurtosis_threshold,
+            norm_ratio=self.norm_ratio_threshold,
+            degradation=self.degradation_threshold,
+            budget_s=self.budget_s,
+        )
+
+    @property
+    def grammar(self) -> SyntheticText:
+        """The synthetic data of this config."""
+        return SyntheticText(
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            delimiter_rate=self.delimiter_rate,
+            filler_rate=self.filler_rate,
+            recall_rate=self.recall_rate,
+            branching=self.branching,
+        )
+
+
+#: Fields a grid may vary (everything that changes the trained vanilla model).
+GRID_FIELDS = (
+    "steps",
+    "num_layers",
+    "ffn_dim",
+    "hidden_size",
+    "num_heads",
+    "batch_size",
+    "seq_len",
+    "pre_ln",
+    "dropout",
+    "lr",
+    "weight_decay",
+    "ln_weight_decay",
+    "delimiter_rate",
+    "filler_rate",
+    "recall_rate",
+    "init_std",
+    "warmup_fraction",
+)
+
+
+def training_gflop(config: Config) -> float:
+    """Estimated training cost in GFLOP: ``6 × steps × batch × T × (per-token forward MACs)``.
+
+    Per token and layer ``4 d²`` (Q, K, V, output projections) ``+ 2 d f`` (FFN) ``+ 2 T d``
+    (scores and context), plus ``d V`` for the LM head; the factor 6 counts multiply-adds of the
+    forward and backward pass.
+    """
+    d, f, t = config.hidden_size, config.ffn_dim, config.seq_len
+    per_token = config.num_layers * (4 * d * d + 2 * d * f + 2 * t * d) + d * config.vocab_size
+    return 6.0 * config.steps * config.batch_size * t * per_token / 1e9
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One configuration of the search: its name (the varied fields), overrides and config."""
+
+    name: str
+    overrides: dict[str, Any]
+    config: Config
+
+    @property
+    def gflop(self) -> float:
+        """:func:`training_gflop` of the point's config."""
+        return training_gflop(self.config)
+
+
+def grid_points(config: Config) -> list[GridPoint]:
+    """The grid of ``config`` in search order: increasing :func:`training_gflop`, ties in the
+    order of the grid's product (first axis slowest, each axis in its listed order).
+
+    An empty grid gives the config itself. ``max_configs > 0`` keeps the cheapest that many.
+    """
+    for key, values in config.grid.items():
+        if key not in GRID_FIELDS:
+            raise ValueError(f"grid: {key!r} is not a grid field; choose from {GRID_FIELDS}")
+        if not isinstance(values, list | tuple) or not values:
+            raise ValueError(f"grid: {key!r} needs a non-empty list of values, got {values!r}")
+    keys = list(config.grid)
+    points = []
+    for combo in itertools.product(*(config.grid[k] for k in keys)):
+        overrides = dict(zip(keys, combo, strict=True))
+        name = ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
+        points.append(GridPoint(name, overrides, replace(config, grid={}, **overrides)))
+    points = sorted(points, key=lambda p: p.gflop)  # stable: ties keep the product order
+    return points[: config.max_configs] if config.max_configs > 0 else points
+
+
+# --------------------------------------------------------------------------------------------
+# model, training and evaluation
+
+
+def build(config: Config, variant: str = "softmax") -> nn.Module:
+    """The OPT-style causal LM of ``config`` with attention ``variant`` (random initialisation)."""
+    from hopfield.data.synthetic_text import BOS, DELIM, PAD
+    from hopfield.integrations import build_model
+
+    options: dict[str, Any] = {}
+    if "clipped" in variant and config.clip_gamma is not None:
+        options["gamma"] = config.clip_gamma
+    return build_model(
+        "opt",
+        variant,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        word_embed_proj_dim=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        ffn_dim=config.ffn_dim,
+        max_position_embeddings=config.seq_len,
+        do_layer_norm_before=config.pre_ln,
+        dropout=config.dropout,
+        attention_dropout=config.dropout,
+        activation_dropout=config.dropout,
+        init_std=config.init_std,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=DELIM,
+        **options,
+    )
+
+
+def _batches(sample: SyntheticSample, size: int) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+    """``({"input_ids", "labels"}, special (B, T))`` slices of a sample, in order."""
+    tokens = sample.tokens
+    for start in range(0, tokens.shape[0], size):
+        ids = tokens[start : start + size]
+        yield {"input_ids": ids, "labels": ids}, sample.special[start : start + size]
+
+
+def _perplexity(model: nn.Module, sample: SyntheticSample, batch_size: int) -> float:
+    """exp(mean next-token cross-entropy) over all predicted positions of ``sample``."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch, _ in _batches(sample, batch_size):
+            ids = batch["input_ids"]
+            n = ids.shape[0] * (ids.shape[1] - 1)
+            total += float(model(**batch).loss) * n
+            count += n
+    return math.exp(total / count)
+
+
+class _ScaleRecorder:
+    """RMS of the outputs of named modules (the "activation scale" of :func:`judge`)."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        modules = dict(model.named_modules())
+        self.squares = {n: 0.0 for n in names}
+        self.counts = {n: 0 for n in names}
+        self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            x = output[0] if isinstance(output, tuple) else output
+            self.squares[name] += float(x.detach().double().pow(2).sum())
+            self.counts[name] += x.numel()
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def median_rms(self) -> float:
+        return statistics.median(
+            math.sqrt(self.squares[n] / self.counts[n]) for n in self.squares if self.counts[n]
+        )
+
+
+def evaluate(
+    model: nn.Module,
+    val: SyntheticSample,
+    calibration: SyntheticSample,
+    config: Config,
+) -> dict[str, float]:
+    """FP and W8A8 perplexity, OPT-convention outlier metrics and attention diagnostics.
+
+    Returns ``fp_ppl``, ``w8a8_ppl``, ``avg_kurtosis``, ``max_inf_norm``, ``max_ffn_inf_norm``,
+    ``max_layer_inf_norm`` (spec §4.2, OPT selection), ``median_scale`` (median RMS of the same
+    tensors), ``special_mass`` (mean attention mass on BOS/delimiter/filler keys) and ``row_sum``
+    (mean attention row sum; < 1 where Softmax_1 heads abstain), averaged over layers and heads.
+    """
+    from hopfield.outliers import ActivationRecorder, AttentionRecorder, quantize_w8a8
+
+    model.eval()
+    recorder = ActivationRecorder(model, "opt")
+    scales = _ScaleRecorder(model, recorder.names)
+    try:
+        fp_ppl = _perplexity(model, val, config.eval_batch_size)
+    finally:
+        recorder.remove()
+        scales.remove()
+    stats = recorder.summary()
+    attention = AttentionRecorder(model)
+    try:
+        with torch.no_grad():
+            for batch, special in _batches(val, config.eval_batch_size):
+                attention.special_mask = special
+                model(**batch)
+    finally:
+        attention.remove()
+    layers = attention.per_layer().values()
+    calib = [b for b, _ in _batches(calibration, config.eval_batch_size)]
+    quantized = quantize_w8a8(
+        model,
+        calib,
+        num_batches=config.calibration_batches,
+        percentile=config.percentile,
+        keep_fp=("lm_head",),
+    )
+    w8a8_ppl = _perplexity(quantized, val, config.eval_batch_size)
+    return {
+        "fp_ppl": fp_ppl,
+        "w8a8_ppl": w8a8_ppl,
+        "avg_kurtosis": stats["avg_kurtosis"],
+        "max_inf_norm": stats["max_inf_norm"],
+        "max_ffn_inf_norm": stats["max_ffn_inf_norm"],
+        "max_layer_inf_norm": stats["max_layer_inf_norm"],
+        "median_scale": scales.median_rms(),
+        "special_mass": statistics.fmean(v["special_mass"] for v in layers),
+        "row_sum": statistics.fmean(v["row_sum"] for v in layers),
+    }
+
+
+@dataclass
+class _Data:
+    train: SyntheticSample
+    val: SyntheticSample
+
+
+_DATA_CACHE: dict[SyntheticText, _Data] = {}
+
+
+def _data(config: Config) -> _Data:
+    grammar = config.grammar
+    if grammar not in _DATA_CACHE:
+        _DATA_CACHE.clear()  # one grammar at a time: the grid changes it rarely
+        _DATA_CACHE[grammar] = _Data(
+            train=generate(grammar, config.train_sequences, seed=1),
+            val=generate(grammar, config.val_sequences, seed=2),
+        )
+    return _DATA_CACHE[grammar]
+
+
+def _monitor_patterns() -> list[str]:
+    return [r"model\.decoder\.layers\.\d+", r"model\.decoder\.layers\.\d+\.fc2"]
+
+
+def train_and_evaluate(
+    config: Config, variant: str, seed: int, ctx: RunContext, tag: str
+) -> dict[str, Any]:
+    """Train ``variant`` under ``config`` with training seed ``seed`` and evaluate it.
+
+    Uses :class:`hopfield.training.Trainer` (resuming from ``ctx.out_dir/runs/<tag>`` when a
+    previous run stopped); returns :func:`evaluate`'s metrics plus ``train_s``, ``params``,
+    ``steps`` and ``curve`` (``[(step, {module: max |x|})]`` from the training log).
+    """
+    from hopfield.data.synthetic_text import SyntheticTextDataset
+    from hopfield.experiments.runner import seed_everything
+    from hopfield.training import Trainer, TrainingConfig
+
+    data = _data(config)
+    dataset = SyntheticTextDataset(data.train)
+    seed_everything(seed)
+    model = build(config, variant)
+    training = TrainingConfig(
+        max_steps=config.steps,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        schedule="linear",
+        warmup_steps=int(config.warmup_fraction * config.steps),
+        grad_clip=config.grad_clip or None,
+        decay_norm_weights=config.ln_weight_decay,
+        seed=seed,
+        checkpoint_every=config.checkpoint_every,
+        log_every=max(1, min(config.log_every, config.steps)),
+        cpu=config.cpu,
+    )
+    run_dir = ctx.path("runs") / tag
+    trainer = Trainer(
+        model,
+        dataset,
+        lambda m, batch: m(**batch).loss,
+        training,
+        run_dir,
+        monitor=_monitor_patterns(),
+        progress=ctx.progress,
+    )
+    start, start_cpu = time.perf_counter(), time.process_time()
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    train_s, train_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+    trained = trainer.unwrapped.cpu()
+    metrics: dict[str, Any] = evaluate(trained, data.val, data.train, config)
+    metrics.update(
+        train_s=train_s,
+        train_cpu_s=train_cpu_s,
+        resumed_from=result.resumed_from,
+        params=sum(p.numel() for p in trained.parameters()),
+        steps=result.step,
+        curve=[(r["step"], r["max_abs"]) for r in result.log],
+    )
+    if not config.keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------
+# the experiment
+
+
+def _verdict(metrics: Mapping[str, Any], config: Config) -> Verdict:
+    return judge(
+        metrics["avg_kurtosis"],
+        metrics["max_inf_norm"],
+        metrics["median_scale"],
+        metrics["fp_ppl"],
+        metrics["w8a8_ppl"],
+        train_seconds=metrics["train_cpu_s"] / max(config.threads, 1),
+        criterion=config.criterion,
+    )
+
+
+def _search(config: Config, ctx: RunContext) -> list[dict[str, Any]]:
+    """Train the vanilla model at each grid point in cost order (resumable via ``search.json``)."""
+    done: list[dict[str, Any]] = ctx.load_json("search.json") or []
+    by_name = {e["name"]: e for e in done}
+    entries: list[dict[str, Any]] = []
+    seconds_per_gflop: float | None = None
+    points = grid_points(config)
+    for point in ctx.track(points, total=len(points), desc="search"):
+        entry = by_name.get(point.name)
+        if entry is None:
+            entry = {"name": point.name, "overrides": point.overrides, "gflop": point.gflop}
+            predicted = None if seconds_per_gflop is None else seconds_per_gflop * point.gflop
+            if predicted is not None and predicted > config.budget_s:
+                entry.update(status="skipped", predicted_s=predicted)
+            else:
+                metrics = train_and_evaluate(
+                    point.config, "softmax", config.seed, ctx, f"search/{len(entries):03d}"
+                )
+                verdict = _verdict(metrics, point.config)
+                entry.update(status="trained", **metrics, verdict=asdict(verdict))
+        entries.append(entry)
+        seen = {e["name"] for e in entries}
+        ctx.save_json("search.json", entries + [e for e in done if e["name"] not in seen])
+        if entry["status"] == "trained":
+            rate = entry["train_cpu_s"] / max(config.threads, 1) / max(entry["gflop"], 1e-12)
+            seconds_per_gflop = rate if seconds_per_gflop is None else max(seconds_per_gflop, rate)
+            if entry["verdict"]["success"] and config.stop_at_first:
+                break
+    return entries
+
+
+def _outlier_score(entry: Mapping[str, Any], criterion: Criterion) -> float:
+    """How close a trained point came to the criterion (for ``compare_best_if_none``): the
+    fraction of the W8A8 threshold reached (capped at 1) plus the larger of the fractions of the
+    kurtosis and norm-ratio thresholds."""
+    v = entry["verdict"]
+    return min(v["degradation"] / criterion.degradation, 1.0) + max(
+        entry["avg_kurtosis"] / criterion.kurtosis, v["norm_ratio"] / criterion.norm_ratio
+    )
+
+
+def _search_table(entries: Sequence[Mapping[str, Any]]) -> Table:
+    rows = []
+    for e in entries:
+        if e["status"] != "trained":
+            rows.append([e["name"], e["gflop"], "skipped"] + [None] * 11 + [e.get("predicted_s")])
+            continue
+        v = e["verdict"]
+        rows.append(
+            [
+                e["name"],
+                e["gflop"],
+                "yes" if v["success"] else "no",
+                e["fp_ppl"],
+                e["w8a8_ppl"],
+                100 * v["degradation"],
+                e["avg_kurtosis"],
+                e["max_inf_norm"],
+                e["max_layer_inf_norm"],
+                e["median_scale"],
+                v["norm_ratio"],
+                e["special_mass"],
+                e["row_sum"],
+                e["train_s"],
+                e["train_cpu_s"],
+            ]
+        )
+    return Table(
+        name="Search: vanilla model at every grid point tried (cheapest first)",
+        columns=[
+            "grid point",
+            "GFLOP",
+            "success",
+            "FP ppl",
+            "W8A8 ppl",
+            "W8A8 gap %",
+            "avg kurtosis",
+            "max inf norm",
+            "max block-out norm",
+            "median RMS",
+            "max norm / median RMS",
+            "mass on BOS/delim/filler",
+            "attention row sum",
+            "train wall s",
+            "train CPU s (skipped: predicted)",
+        ],
+        rows=rows,
+        caption="Success: (avg kurtosis ≥ 20 or max inf norm ≥ 10× median RMS) and W8A8 "
+        "perplexity ≥ 5 % worse, within the training budget. OPT-convention metrics (spec §4.2).",
+    )
+
+
+def _compare(config: Config, ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
+    """Train every variant at every seed under ``config`` (resumable via ``compare.json``)."""
+    done: dict[str, Any] = ctx.load_json("compare.json") or {}
+    recipe = json.loads(json.dumps(asdict(config)))  # as it reads back from JSON
+    if done.get("recipe") != recipe:
+        done = {"recipe": recipe, "runs": {}}
+    runs: dict[str, Any] = done["runs"]
+    jobs = [(v, s) for v in config.variants for s in config.seeds]
+    for variant, seed in ctx.track(jobs, total=len(jobs), desc="variants"):
+        key = f"{variant}/seed{seed}"
+        if key not in runs:
+            runs[key] = train_and_evaluate(config, variant, seed, ctx, f"compare/{key}")
+            ctx.save_json("compare.json", done)
+    return {v: [runs[f"{v}/seed{s}"] for s in config.seeds] for v in config.variants}
+
+
+def _compare_tables(results: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
+    def cell(values: Sequence[float]) -> str:
+        mean, half = confidence_interval(values)
+        return f"{mean:.4g} ± {half:.2g}"
+
+    rows = []
+    for variant, runs in results.items():
+        paper = PAPER_OPT.get(variant, (None,) * 4)
+        gaps = [100 * (r["w8a8_ppl"] - r["fp_ppl"]) / r["fp_ppl"] for r in runs]
+        rows.append(
+            [
+                VARIANT_NAMES.get(variant, variant),
+                cell([r["avg_kurtosis"] for r in runs]),
+                cell([r["max_inf_norm"] for r in runs]),
+                cell([r["fp_ppl"] for r in runs]),
+                cell([r["w8a8_ppl"] for r in runs]),
+                cell(gaps),
+                cell([r["special_mass"] for r in runs]),
+                cell([r["row_sum"] for r in runs]),
+                runs[0]["params"],
+                *paper,
+            ]
+        )
+    table = Table(
+        name="Variants under the recipe (OutEffHop Table 1 quantities)",
+        columns=[
+            "variant",
+            "avg kurtosis",
+            "max inf norm",
+            "FP ppl",
+            "W8A8 ppl",
+            "W8A8 gap %",
+            "mass on BOS/delim/filler",
+            "attention row sum",
+            "params",
+            "paper OPT avg kurtosis",
+            "paper OPT max inf norm",
+            "paper OPT FP16 ppl",
+            "paper OPT W8A8 ppl",
+        ],
+        rows=rows,
+        caption=f"Mean ± 95 % t-interval half-width over {len(next(iter(results.values())))} "
+        "training seeds; the paper's OPT-125m numbers (Table 1) beside ours.",
+    )
+    pair_rows = []
+    for base, ours in PAIRS:
+        if base not in results or ours not in results:
+            continue
+        for metric in ("avg_kurtosis", "max_inf_norm"):
+            a = [r[metric] for r in results[base]]
+            b = [r[metric] for r in results[ours]]
+            reduction = 100 * (1 - statistics.fmean(b) / statistics.fmean(a))
+            wins = sum(y < x for x, y in zip(a, b, strict=True))
+            column = 0 if metric == "avg_kurtosis" else 1
+            paper_reduction = 100 * (1 - PAPER_OPT[ours][column] / PAPER_OPT[base][column])
+            pair_rows.append(
+                [
+                    f"{VARIANT_NAMES[base]} → {VARIANT_NAMES[ours]}",
+                    metric,
+                    reduction,
+                    f"{wins}/{len(a)}",
+                    paper_reduction,
+                ]
+            )
+    pairs = Table(
+        name="Reductions by Softmax_1 (claim C-c)",
+        columns=["pair", "metric", "reduction %", "seeds where lower", "paper OPT reduction %"],
+        rows=pair_rows,
+        caption="1 − mean(OutEffHop variant) / mean(softmax variant); seeds compared pairwise.",
+    )
+    return [table, pairs]
+
+
+def _curve_figure(
+    results: Mapping[str, list[dict[str, Any]]], config: Config, ctx: RunContext
+) -> str:
+    """Figure 2 analogue: max |x| of block L−2's output during training, one panel per pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layer = max(config.num_layers - 2, 0)
+    module = f"model.decoder.layers.{layer}"
+    pairs = [p for p in PAIRS if p[0] in results and p[1] in results]
+    pairs = pairs or [(v, v) for v in list(results)[:1]]  # no pair: one panel
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.2), squeeze=False)
+    for ax, pair in zip(axes[0], pairs, strict=True):
+        for variant in dict.fromkeys(pair):
+            for i, run_ in enumerate(results[variant]):
+                steps = [s for s, values in run_["curve"] if module in values]
+                values = [values[module] for _, values in run_["curve"] if module in values]
+                ax.plot(
+                    steps,
+                    values,
+                    color="C0" if variant == pair[0] else "C1",
+                    alpha=0.8,
+                    label=VARIANT_NAMES.get(variant, variant) if i == 0 else None,
+                )
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"max |x|, block {layer} output")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = "max_abs_curves.png"
+    fig.savefig(ctx.path(name), dpi=120)
+    plt.close(fig)
+    return name
+
+
+def run(config: Config, ctx: RunContext) -> Results:
+    """Search the grid, then compare the variants under the recipe (see the module docstring)."""
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(config, ctx)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
+    for variant in config.variants:
+        if variant not in VARIANT_NAMES:
+            raise ValueError(f"variants: {variant!r} is not one of {sorted(VARIANT_NAMES)}")
+    if not config.seeds:
+        raise ValueError("seeds must not be empty")
+    entries = _search(config, ctx)
+    trained = [e for e in entries if e["status"] == "trained"]
+    winners = [e for e in trained if e["verdict"]["success"]]
+    device = "GPU" if torch.cuda.is_available() and not config.cpu else "CPU"
+    results = Results(tables=[_search_table(entries)])
+    results.notes.append(
+        f"Trained on {device} with {torch.get_num_threads()} thread(s); "
+        + ("no GPU was available in this session." if not torch.cuda.is_available() else "")
+    )
+    results.metrics.update(
+        configs_tried=float(len(trained)),
+        configs_skipped=float(len(entries) - len(trained)),
+        recipe_found=float(bool(winners)),
+        max_vanilla_kurtosis=max((e["avg_kurtosis"] for e in trained), default=math.nan),
+        max_vanilla_w8a8_gap_pct=max(
+            (100 * e["verdict"]["degradation"] for e in trained), default=math.nan
+        ),
+    )
+    chosen = winners[0] if winners else None
+    if chosen is not None:
+        results.notes.append(f"Recipe found: {chosen['name']} ({chosen['verdict']['reason']}).")
+    else:
+        results.notes.append(
+            f"No grid point formed outliers by the criterion ({len(trained)} trained): a null "
+            "result at this budget; every point tried is in the search table."
+        )
+        if config.compare_best_if_none and trained:
+            chosen = max(trained, key=lambda e: _outlier_score(e, config.criterion))
+            results.notes.append(
+                f"The comparison below uses the most outlier-prone point tried, {chosen['name']}, "
+                "which did NOT meet the criterion."
+            )
+    if chosen is None or not config.compare:
+        return results
+    recipe = replace(config, grid={}, **chosen["overrides"])
+    compared = _compare(recipe, ctx)
+    results.tables.extend(_compare_tables(compared))
+    results.figures.append(_curve_figure(compared, recipe, ctx))
+    results.metrics["recipe_gflop"] = training_gflop(recipe)
+    return results
+
+
+_SEARCH_GRID: dict[str, list[Any]] = {
+    "steps": [2000, 6000],
+    "num_layers": [4, 6],
+    "ffn_dim": [512, 1024],
+    "pre_ln": [True, False],
+    "lr": [1e-3, 3e-3],
+    "ln_weight_decay": [True, False],
+    "delimiter_rate": [0.15, 0.3],
+}
+
+PRESETS = {
+    "tiny": Config(
+        vocab_size=24,
+        seq_len=16,
+        train_sequences=64,
+        val_sequences=16,
+        hidden_size=16,
+        num_heads=2,
+        num_layers=2,
+        ffn_dim=32,
+        steps=4,
+        batch_size=8,
+        eval_batch_size=16,
+        calibration_batches=2,
+        grid={"steps": [4, 2], "pre_ln": [False]},
+        budget_s=600.0,
+        variants=tuple(VARIANT_NAMES),
+        seeds=(0, 1),
+        log_every=2,
+        checkpoint_every=0,
+    ),
+    "small": Config(grid=_SEARCH_GRID, budget_s=1800.0),
+    "paper": Config(
+        grid={**_SEARCH_GRID, "steps": [10_000, 30_000, 100_000], "num_layers": [6, 12]},
+        budget_s=36_000.0,
+        threads=0,
+    ),
+}
+
+register(
+    Experiment(
+        name="outlier-formation",
+        summary="Search for the cheapest recipe under which vanilla attention forms outliers; "
+        "compare the six attention variants under it",
+        presets=PRESETS,
+        run=run,
+        paper="OutEffHop Table 1 / Figure 2 setting (Hu et al. 2024), mechanism of Bondarenko et al. 2023",
+        in_reproduce=False,
+    )
+)

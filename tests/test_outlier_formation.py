@@ -1,0 +1,232 @@
+"""The outlier-formation experiment: success criterion, grid order, tiny search and comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hopfield.experiments import outlier_formation as of
+from hopfield.experiments.runner import run_experiment
+
+# --- success criterion ------------------------------------------------------------------------
+
+
+def test_judge_kurtosis_or_norm_and_degradation() -> None:
+    # heavy tails by kurtosis, W8A8 10 % worse: success
+    v = of.judge(25.0, 5.0, 1.0, 10.0, 11.0, train_seconds=100.0)
+    assert v.outliers and v.quantization_hurts and v.within_budget and v.success
+    assert v.degradation == pytest.approx(0.1) and v.norm_ratio == pytest.approx(5.0)
+    # Gaussian kurtosis but max |x| = 12 × the median scale: outliers by the norm condition
+    v = of.judge(3.0, 24.0, 2.0, 10.0, 10.6)
+    assert v.outliers and v.norm_ratio == pytest.approx(12.0) and v.success
+    # outliers without a quantization cost are not a success (and vice versa)
+    v = of.judge(400.0, 100.0, 1.0, 10.0, 10.2)
+    assert v.outliers and not v.quantization_hurts and not v.success
+    v = of.judge(3.0, 5.0, 1.0, 10.0, 20.0)
+    assert not v.outliers and v.quantization_hurts and not v.success
+    assert "kurtosis 3 < 20" in v.reason
+    # thresholds are inclusive
+    assert of.judge(20.0, 0.0, 1.0, 1.0, 1.05).success
+
+
+def test_judge_budget_accuracy_and_criterion() -> None:
+    criterion = of.Criterion(kurtosis=10.0, norm_ratio=5.0, degradation=0.02, budget_s=60.0)
+    v = of.judge(11.0, 1.0, 1.0, 10.0, 11.0, train_seconds=61.0, criterion=criterion)
+    assert v.outliers and v.quantization_hurts and not v.within_budget and not v.success
+    assert "budget" in v.reason
+    # accuracy: higher is better, so a drop is a degradation
+    v = of.judge(30.0, 1.0, 1.0, 80.0, 76.0, higher_is_better=True)
+    assert v.degradation == pytest.approx(0.05) and v.success
+    v = of.judge(30.0, 1.0, 1.0, 80.0, 84.0, higher_is_better=True)
+    assert v.degradation < 0 and not v.success
+    no_budget = of.Criterion(budget_s=None)
+    assert of.judge(30.0, 1.0, 1.0, 1.0, 2.0, train_seconds=1e9, criterion=no_budget).success
+
+
+def test_judge_errors() -> None:
+    with pytest.raises(ValueError, match="median_scale"):
+        of.judge(3.0, 1.0, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="fp_metric"):
+        of.judge(3.0, 1.0, 1.0, 0.0, 1.0)
+    with pytest.raises(TypeError, match="avg_kurtosis"):
+        of.judge("3", 1.0, 1.0, 1.0, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="criterion"):
+        of.judge(3.0, 1.0, 1.0, 1.0, 1.0, criterion={"kurtosis": 1})  # type: ignore[arg-type]
+
+
+def test_confidence_interval() -> None:
+    mean, half = of.confidence_interval([1.0, 2.0, 3.0])
+    assert mean == pytest.approx(2.0)
+    assert half == pytest.approx(4.302652729911275 / math.sqrt(3))  # t(0.975, 2) · s / √n
+    assert of.confidence_interval([5.0]) == (5.0, 0.0)
+    with pytest.raises(ValueError, match="values"):
+        of.confidence_interval([])
+    with pytest.raises(ValueError, match="level"):
+        of.confidence_interval([1.0, 2.0], level=1.0)
+
+
+# --- grid ------------------------------------------------------------------------------------
+
+
+def test_training_gflop_formula() -> None:
+    config = of.Config(
+        hidden_size=8, ffn_dim=16, seq_len=4, num_layers=2, vocab_size=10, steps=3, batch_size=5
+    )
+    per_token = 2 * (4 * 64 + 2 * 8 * 16 + 2 * 4 * 8) + 8 * 10
+    assert of.training_gflop(config) == pytest.approx(6 * 3 * 5 * 4 * per_token / 1e9)
+
+
+def test_grid_is_searched_cheapest_first() -> None:
+    config = replace(
+        of.PRESETS["small"],
+        grid={"steps": [400, 100], "lr": [1e-3, 3e-3], "num_layers": [4, 2]},
+    )
+    points = of.grid_points(config)
+    assert len(points) == 8
+    costs = [p.gflop for p in points]
+    assert costs == sorted(costs)
+    # the cheapest (steps=100, 2 layers) first, ties in the listed order of the other axes
+    assert [p.name for p in points[:2]] == [
+        "steps=100,lr=0.001,num_layers=2",
+        "steps=100,lr=0.003,num_layers=2",
+    ]
+    assert points[0].config.steps == 100 and points[0].config.grid == {}
+    assert [p.name for p in of.grid_points(replace(config, max_configs=3))] == [
+        p.name for p in points[:3]
+    ]
+    assert [p.name for p in of.grid_points(replace(config, grid={}))] == ["base"]
+
+
+def test_grid_errors() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        of.grid_points(replace(of.PRESETS["tiny"], grid={"seed": [1, 2]}))
+    with pytest.raises(ValueError, match="non-empty"):
+        of.grid_points(replace(of.PRESETS["tiny"], grid={"lr": []}))
+
+
+def test_presets_cover_the_documented_axes() -> None:
+    small = of.PRESETS["small"]
+    for axis in (
+        "steps",
+        "num_layers",
+        "ffn_dim",
+        "pre_ln",
+        "lr",
+        "ln_weight_decay",
+        "delimiter_rate",
+    ):
+        assert len(small.grid[axis]) >= 2
+    assert small.dropout == 0.0 and small.seeds == (0, 1, 2)
+    assert set(small.variants) == set(of.VARIANT_NAMES)
+    assert of.PRESETS["paper"].grid["steps"][-1] > max(small.grid["steps"])
+
+
+# --- running the experiment ------------------------------------------------------------------
+
+
+def _record(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())["results"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_experiment(
+        "outlier-formation", "tiny", tmp_path_factory.mktemp("of"), progress=False
+    )
+
+
+def test_tiny_search_reports_every_point(tiny_run: Path) -> None:
+    results = _record(tiny_run)
+    search = results["tables"][0]
+    assert len(search["rows"]) == 2  # both tiny grid points, cheapest (2 steps) first
+    assert search["rows"][0][0].startswith("steps=2") and search["rows"][1][0].startswith("steps=4")
+    for row in search["rows"]:
+        fp, w8a8, gap, kurt, norm = row[3:8]
+        assert math.isfinite(fp) and fp > 1 and w8a8 > 0
+        assert gap == pytest.approx(100 * (w8a8 - fp) / fp)
+        assert kurt > 1 and norm > 0
+    assert results["metrics"]["configs_tried"] == 2
+    assert any("GPU" in note or "CPU" in note for note in results["notes"])
+
+
+def test_tiny_comparison_tables_and_curves(tiny_run: Path) -> None:
+    results = _record(tiny_run)
+    # no tiny point meets the criterion: the comparison runs at the most outlier-prone point
+    assert results["metrics"]["recipe_found"] == 0
+    assert any("did NOT meet the criterion" in note for note in results["notes"])
+    names = [t["name"] for t in results["tables"]]
+    assert any("Variants" in n for n in names) and any("Reductions" in n for n in names)
+    variants = next(t for t in results["tables"] if "Variants" in t["name"])
+    assert [r[0] for r in variants["rows"]] == list(of.VARIANT_NAMES.values())
+    compare = json.loads((tiny_run.parent / "compare.json").read_text())["runs"]
+    assert len(compare) == 6 * 2
+    # the mechanism: softmax rows sum to 1, Softmax_1 rows to less
+    assert compare["softmax/seed0"]["row_sum"] == pytest.approx(1.0, abs=1e-5)
+    assert compare["softmax1/seed0"]["row_sum"] < 0.999
+    assert compare["gated/seed1"]["params"] > compare["softmax/seed1"]["params"]
+    curve = compare["softmax/seed0"]["curve"]
+    steps = [step for step, _ in curve]
+    assert steps in ([2], [2, 4])  # every 2 steps
+    assert "model.decoder.layers.0" in curve[-1][1]
+    assert (tiny_run.parent / results["figures"][0]).is_file()
+
+
+def test_tiny_run_resumes_from_its_json(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a finished point was trained again")
+
+    before = _record(tiny_run)
+    monkeypatch.setattr(of, "train_and_evaluate", fail)
+    again = run_experiment("outlier-formation", "tiny", tiny_run.parents[1], progress=False)
+    assert _record(again)["tables"] == before["tables"]
+
+
+def test_search_stops_at_first_success_and_compares(tmp_path: Path) -> None:
+    overrides = {
+        "kurtosis_threshold": "0",
+        "degradation_threshold": "-1",
+        "variants": '["softmax", "softmax1"]',
+        "seeds": "[0]",
+    }
+    path = run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides=overrides, progress=False
+    )
+    results = _record(path)
+    assert results["metrics"]["recipe_found"] == 1
+    assert len(results["tables"][0]["rows"]) == 1  # stopped after the cheapest point
+    assert any(note.startswith("Recipe found: steps=2") for note in results["notes"])
+    variants = next(t for t in results["tables"] if "Variants" in t["name"])
+    assert [r[0] for r in variants["rows"]] == ["Vanilla", "OutEffHop"]
+    pairs = next(t for t in results["tables"] if "Reductions" in t["name"])
+    assert [r[1] for r in pairs["rows"]] == ["avg_kurtosis", "max_inf_norm"]
+
+
+def test_points_over_budget_are_skipped(tmp_path: Path) -> None:
+    overrides = {"budget_s": "1e-9", "compare": "false"}
+    path = run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides=overrides, progress=False
+    )
+    results = _record(path)
+    rows = results["tables"][0]["rows"]
+    # the first point trains (no timing yet) but misses the budget; the second is predicted over it
+    assert rows[0][2] == "no" and rows[1][2] == "skipped" and rows[1][-1] > 1e-9
+    assert results["metrics"]["configs_skipped"] == 1
+    assert len(results["tables"]) == 1  # compare=false: search only
+    search = json.loads((path.parent / "search.json").read_text())
+    assert search[0]["verdict"]["within_budget"] is False
+
+
+def test_bad_variant(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="variants"):
+        run_experiment(
+            "outlier-formation",
+            "tiny",
+            tmp_path,
+            overrides={"variants": '["softmax2"]'},
+            progress=False,
+        )
