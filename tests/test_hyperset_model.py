@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hopfield.nn.hyperset import (
+    CRATELayer,
     HyperSETEncoder,
     HyperSETLayer,
     SharedTransformerEncoder,
@@ -308,6 +309,8 @@ PAPER_COUNTS = [
         lambda: image_classifier("transformer", d_model=1152, num_heads=12),
         16_001_290,
     ),
+    ("cifar10 crate", lambda: image_classifier("crate"), 468_106),
+    ("cifar10 crate-t", lambda: image_classifier("crate-t"), 320_266),
     ("mim hyperset", lambda: masked_token_model(), 3_937_856),
     ("mim hyperset 8d", lambda: masked_token_model(ff_ratio=8.0), 8_072_000),
     ("mim transformer", lambda: masked_token_model("transformer"), 8_654_848),
@@ -394,3 +397,15 @@ def test_untrained_dynamics_with_orthogonal_weights() -> None:
     assert energies[1] < energies[0]
     maximum = h * 2.0 * n * (math.log(n) + 0.5 * 4)  # β = 1/2 for p = 4
     assert energies[-1] > energies[0] and energies[-1] == pytest.approx(maximum, rel=0.01)
+
+
+def test_crate_layer_ista_and_tied_output() -> None:
+    layer = CRATELayer(8, 2, tied_output=True, dtype=D64)
+    assert layer.out is None
+    x = torch.randn(2, 3, 8, dtype=D64)
+    w = split_heads(layer.qkv(layer.norm1(x)), 2)
+    y = torch.softmax(w @ w.transpose(-1, -2) / 2.0, dim=-1) @ w
+    u = layer.norm2(x + y.transpose(1, 2).reshape(2, 3, 8) @ layer.qkv.weight)
+    dic = layer.dictionary
+    expected = F.relu(u + 0.1 * (u @ dic - u @ dic @ dic.T) - 0.01)
+    torch.testing.assert_close(layer(x), expected)

@@ -151,7 +151,7 @@ def trajectory_statistics(
     states, steps = encoder.trajectory(x0, iterations)
     rows = []
     for t, (x, (alpha, gamma)) in enumerate(zip(states, steps, strict=True)):
-        layer = encoder.layer_at(t) if t < encoder.iterations else encoder.hyperset_layers()[-1]
+        layer = encoder.layer_at(t, iterations)
         e_attn, e_ff = layer.energies(x)
         z = layer.subspace_tokens(x)  # (B, H, N, p)
         erank = effective_rank(z)  # (B, H)

@@ -40,6 +40,7 @@ StepStyle = Literal["plain", "normed", "direct"]
 Condition = Literal["input", "state"]
 
 __all__ = [
+    "CRATELayer",
     "HyperSETEncoder",
     "HyperSETLayer",
     "SharedTransformerEncoder",
@@ -451,10 +452,64 @@ class HyperSETEncoder(nn.Module):
                     steps.append((alpha, gamma))
         return x, states, steps
 
-    def layer_at(self, index: int) -> HyperSETLayer:
-        """The layer used at (0-based) iteration ``index`` of an L-iteration run."""
-        per_layer = self.iterations // self.num_layers
+    def layer_at(self, index: int, iterations: int | None = None) -> HyperSETLayer:
+        """The layer used at (0-based) iteration ``index`` of a run of ``iterations`` (L)."""
+        total = self.iterations if iterations is None else iterations
+        per_layer = total // self.num_layers
         return self.hyperset_layers()[min(index // per_layer, self.num_layers - 1)]
+
+
+class CRATELayer(nn.Module):
+    """A CRATE layer (Yu et al. 2023), the white-box baseline of the paper's Table 1.
+
+    ``z = x + MSSA(LN(x))``, then ``x = ISTA(LN(z))`` with
+    ``ISTA(u) = ReLU(u + η(u D - u Dᵀ D) - ηλ)`` (D is ``d×d``, η = λ = 0.1). MSSA uses one shared
+    bias-free projection for Q, K and V and a separate output Linear with bias; CRATE-T
+    (``tied_output=True``) re-projects with the shared projection instead.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        tied_output: bool = False,
+        step: float = 0.1,
+        sparsity: float = 0.1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_model = _positive_int("d_model", d_model)
+        self.num_heads = _positive_int("num_heads", num_heads)
+        if d_model % num_heads:
+            raise ValueError(f"num_heads={num_heads} must divide d_model={d_model}")
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.step, self.sparsity = float(step), float(sparsity)
+        self.norm1 = nn.LayerNorm(d_model, **factory)
+        self.norm2 = nn.LayerNorm(d_model, **factory)
+        self.qkv = nn.Linear(d_model, d_model, bias=False, **factory)
+        self.out = None if tied_output else nn.Linear(d_model, d_model, **factory)
+        self.dictionary = nn.Parameter(torch.empty(d_model, d_model, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch defaults; the dictionary Kaiming-uniform like a Linear weight."""
+        for module in (self.norm1, self.norm2, self.qkv):
+            module.reset_parameters()
+        if self.out is not None:
+            self.out.reset_parameters()
+        nn.init.kaiming_uniform_(self.dictionary, a=5**0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, N, d) -> (B, N, d)``."""
+        w = split_heads(self.qkv(self.norm1(x)), self.num_heads)
+        y = merge_heads(F.scaled_dot_product_attention(w, w, w))
+        y = self.out(y) if self.out is not None else y @ self.qkv.weight
+        u = self.norm2(x + y)
+        ud = u @ self.dictionary
+        residual = ud @ self.dictionary.T
+        return F.relu(u + self.step * (ud - residual) - self.step * self.sparsity)
 
 
 class TransformerLayer(nn.Module):
@@ -517,6 +572,8 @@ class SharedTransformerEncoder(nn.Module):
         d_model, num_heads, mlp_ratio, norm: as in :class:`TransformerLayer`.
         iterations: L; ``num_layers``: K.
         init_std: ``N(0, init_std²)`` for every Linear (Sudoku code), or PyTorch defaults.
+        kind: ``"transformer"``, or ``"crate"`` / ``"crate-t"`` for :class:`CRATELayer` s
+            (``mlp_ratio`` and ``norm`` unused).
     """
 
     def __init__(
@@ -529,6 +586,7 @@ class SharedTransformerEncoder(nn.Module):
         num_layers: int = 1,
         norm: str = "rms",
         init_std: float | None = None,
+        kind: str = "transformer",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -538,17 +596,25 @@ class SharedTransformerEncoder(nn.Module):
         self.num_layers = _positive_int("num_layers", num_layers)
         if iterations % num_layers:
             raise ValueError(f"num_layers={num_layers} must divide iterations={iterations}")
+        self.kind = _choice("kind", kind, ("transformer", "crate", "crate-t"))
         self.init_std = init_std
-        self.layers = nn.ModuleList(
-            TransformerLayer(d_model, num_heads, mlp_ratio, norm=norm, device=device, dtype=dtype)
-            for _ in range(num_layers)
-        )
+
+        def make() -> nn.Module:
+            if kind == "transformer":
+                return TransformerLayer(
+                    d_model, num_heads, mlp_ratio, norm=norm, device=device, dtype=dtype
+                )
+            return CRATELayer(
+                d_model, num_heads, tied_output=kind == "crate-t", device=device, dtype=dtype
+            )
+
+        self.layers = nn.ModuleList(make() for _ in range(num_layers))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Layer defaults, or ``N(0, init_std²)`` Linear weights."""
         for layer in self.layers:
-            cast(TransformerLayer, layer).reset_parameters()
+            cast(TransformerLayer | CRATELayer, layer).reset_parameters()
             if self.init_std is not None:
                 for module in layer.modules():
                     if isinstance(module, nn.Linear):

@@ -20,7 +20,7 @@ from hopfield.nn.hyperset import HyperSETEncoder, SharedTransformerEncoder
 from hopfield.nn.hyperset_energy import sinusoidal_positions, sinusoidal_positions_2d
 
 Encoder = HyperSETEncoder | SharedTransformerEncoder
-ARCHITECTURES = ("hyperset", "transformer")
+ARCHITECTURES = ("hyperset", "transformer", "crate", "crate-t")
 
 __all__ = [
     "ARCHITECTURES",
@@ -312,6 +312,7 @@ def sudoku_model(
             iterations=iterations,
             norm="rms",
             init_std=0.02,
+            kind=arch,
             device=device,
             dtype=dtype,
             **encoder_options,
@@ -340,6 +341,7 @@ def image_classifier(
     Hyper-SET (classification code): three Q/K/V norms, GELU FF of width ``d`` (``ff_ratio``
     1), step sizes conditioned on ``X_t`` (``"normed"`` style), patch LayerNorms. Transformer:
     pre-LayerNorm, MLP ``4d``, plain patch Linear (1,794,826 parameters for CIFAR-10 Small).
+    ``"crate"`` / ``"crate-t"``: CRATE layers (468,106 / 320,266 parameters).
     """
     if _arch(arch) == "hyperset":
         options: dict[str, Any] = {
@@ -366,6 +368,7 @@ def image_classifier(
             4.0 if ff_ratio is None else ff_ratio,
             iterations=iterations,
             norm="layer",
+            kind=arch,
             device=device,
             dtype=dtype,
             **encoder_options,
@@ -420,6 +423,7 @@ def masked_token_model(
             4.0 if ff_ratio is None else ff_ratio,
             iterations=iterations,
             norm="rms",
+            kind=arch,
             device=device,
             dtype=dtype,
             **encoder_options,
