@@ -277,8 +277,8 @@ def layer_flops(name: str, batch: int, length: int, dim: int, heads: int, config
 # ------------------------------------------------------------------------------------------------
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn()`` in seconds after ``warmup`` untimed calls."""
+def timings(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
+    """Wall times of ``repeats`` calls of ``fn()`` in seconds after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -286,7 +286,12 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float:
+    """Median wall time of ``fn()`` in seconds after ``warmup`` untimed calls."""
+    return statistics.median(timings(fn, repeats, warmup))
 
 
 @contextlib.contextmanager
@@ -435,7 +440,9 @@ def _measure_point(
             return point
     generator = torch.Generator().manual_seed(config.seed + length)
     forward = forward_function(mode, name, length, dim, config, generator)
-    point["seconds"] = median_seconds(forward, config.repeats, config.warmup)
+    times = timings(forward, config.repeats, config.warmup)
+    point["seconds"] = statistics.median(times)
+    point["min_seconds"] = min(times)
     if config.measure_memory:
         point["peak_bytes"] = peak_bytes(forward)
     return point
@@ -444,6 +451,12 @@ def _measure_point(
 # ------------------------------------------------------------------------------------------------
 # Results
 # ------------------------------------------------------------------------------------------------
+
+
+def _upper_slope(measured: list[tuple[int, float]]) -> float | None:
+    """Slope over the larger half of the measured sizes (all of them below four points)."""
+    upper = measured[len(measured) // 2 :] if len(measured) >= 4 else measured
+    return fit_slope([n for n, _ in upper], [s for _, s in upper])
 
 
 def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
@@ -471,8 +484,11 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
                 flop_rows.append(label + [p.get("flops") for p in row])
                 measured = [(n, s) for n, s in zip(sizes, seconds, strict=True) if s is not None]
                 slope_all = fit_slope([n for n, _ in measured], [s for _, s in measured])
-                upper = measured[len(measured) // 2 :] if len(measured) >= 4 else measured
-                slope_upper = fit_slope([n for n, _ in upper], [s for _, s in upper])
+                slope_upper = _upper_slope(measured)
+                minima = [p.get("min_seconds") for p in row]
+                slope_minima = _upper_slope(
+                    [(n, s) for n, s in zip(sizes, minima, strict=True) if s is not None]
+                )
                 both = [
                     (n, d / s)
                     for n, s, d in zip(sizes, seconds, dense, strict=True)
@@ -485,6 +501,7 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
                         *label,
                         slope_all,
                         slope_upper,
+                        slope_minima,
                         measured[-1][0] if measured else None,
                         largest,
                         speedup,
@@ -504,14 +521,17 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
                 *head,
                 "slope (all)",
                 "slope (upper half)",
+                "slope of minima (upper half)",
                 "largest L",
                 "L for speed-up",
                 "dense time / model time",
                 "paper (Figs. 6-7)",
             ],
             slope_rows,
-            caption="Fitted log-log slopes of forward time vs memory size; speed-up over dense at "
-            "the largest size both were measured.",
+            caption="Fitted log-log slopes of forward time (median, and minimum of the repeats, "
+            "robust on a shared CPU) vs memory size; the upper half is the larger half of the "
+            "measured sizes (all when fewer than four); speed-up over dense (medians) at the "
+            "largest size both were measured.",
         ),
         Table(
             "Forward time (ms, median)",
