@@ -170,7 +170,7 @@ PRESETS = {
     "small": Config(
         seeds=1,
         datasets=("ETTh1",),
-        horizons=(96, 192),
+        horizons=(96,),
         epochs=3,
         max_train_batches=30,
         max_eval_batches=10,
