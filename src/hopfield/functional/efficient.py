@@ -109,6 +109,11 @@ def upper_count(k: int | None, fraction: float | None, size: int) -> int:
     return max(1, int(fraction * size))
 
 
+# Supports of at least S / 8 keys take their scores from the block's full product (BLAS) rather
+# than from gathered keys (memory-bound); both give the same scores.
+_DENSE_SCORES_FROM = 8
+
+
 class _GatheredStructure(Structure):
     """Base of structures whose support is a per-query list of key indices ``(B, H, L, K)``.
 
@@ -156,8 +161,13 @@ class _GatheredStructure(Structure):
         flat = base + idx
         blocked = None if keep is None else ~keep
         if scores is None:
-            keys = F.embedding(flat, k_flat)  # (B, H, Lc, K, E)
-            scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
+            if slots * _DENSE_SCORES_FROM >= size:
+                # Many keys per query: one matrix product of the block is cheaper than a gather.
+                keys = k_flat.view(batch, heads, size, k_flat.shape[-1])
+                scores = torch.matmul(q, keys.transpose(-1, -2)).gather(-1, idx) * scale
+            else:
+                keys = F.embedding(flat, k_flat)  # (B, H, Lc, K, E)
+                scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
             if bias is not None:
                 scores = scores + _take_columns(bias, idx)
             if causal:
