@@ -1,0 +1,419 @@
+"""Tasks of the outlier study: BERT masked LM, OPT causal LM, ViT image classification.
+
+A :class:`Task` bundles, for one model family, the training examples, the training loss, fixed
+evaluation batches per evaluation seed, the task metric (perplexity or top-1 accuracy) and the
+modules whose ``max |x|`` is logged during training (the Figure 2–4 curves). Used by
+:mod:`hopfield.experiments.outliers`.
+
+Data:
+
+* BERT / OPT: :mod:`hopfield.data.text` (WikiText-2 by default: train on ``valid.txt``, evaluate on
+  ``test.txt``), a WordPiece (BERT) or byte-level BPE (OPT) tokenizer trained on the train split
+  and cached, blocks of ``seq_len`` tokens. BERT masks 15% of the tokens (80/10/10) with the
+  global RNG during training (checkpointed by the trainer) and with the evaluation seed's
+  generator for evaluation.
+* ViT: :func:`hopfield.data.images.load_image_dataset` (``digits``, ``mnist``,
+  ``fashion-mnist``, ``cifar10``) or an ImageNet-style folder (``imagenet``:
+  ``images/imagenet/{train,val}/<class>/<image>``, read with Pillow, resized and centre-cropped to
+  ``image_size``), normalised to mean 0.5 / std 0.5 per channel. Where a dataset has no train split
+  in the data root (the shared data holds only MNIST's 10k test images), its test split is divided:
+  all but the last ``eval_examples`` images train, the last ``eval_examples`` evaluate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hopfield.data.files import DataNotFoundError, data_root
+
+__all__ = [
+    "COMPONENTS",
+    "FAMILY_PREFIX",
+    "Batch",
+    "Task",
+    "build_task",
+    "component_name",
+    "image_splits",
+    "load_image_folder",
+]
+
+#: Regular expression of layer ``{j}`` of each family's ``transformers`` model.
+FAMILY_PREFIX = {
+    "bert": r"bert\.encoder\.layer\.{j}",
+    "opt": r"model\.decoder\.layers\.{j}",
+    "vit": r"vit\.layers\.{j}",
+}
+
+#: Per family: component label -> module suffix inside a layer ("" = the block output).
+COMPONENTS: dict[str, dict[str, str]] = {
+    "bert": {
+        "attention out": ".attention.output.dense",
+        "attention LN": ".attention.output.LayerNorm",
+        "FFN 1": ".intermediate.dense",
+        "FFN 2": ".output.dense",
+        "FFN LN": ".output.LayerNorm",
+    },
+    "opt": {
+        "attention LN": ".self_attn_layer_norm",
+        "attention out": ".self_attn.out_proj",
+        "FFN LN": ".final_layer_norm",
+        "FFN 1": ".fc1",
+        "FFN 2": ".fc2",
+        "block": "",
+    },
+    "vit": {
+        "attention LN": ".layernorm_before",
+        "attention out": ".attention.o_proj",
+        "FFN LN": ".layernorm_after",
+        "FFN 1": ".mlp.fc1",
+        "FFN 2": ".mlp.fc2",
+        "block": "",
+    },
+}
+
+
+def component_name(family: str, layer: int, component: str) -> str:
+    """The module name of ``component`` (a :data:`COMPONENTS` label) in layer ``layer``."""
+    prefix = FAMILY_PREFIX[family].format(j=layer).replace("\\", "")
+    return prefix + COMPONENTS[family][component]
+
+
+@dataclass
+class Batch:
+    """One evaluation batch: ``inputs`` (model keyword arguments), ``targets`` and the
+    ``special`` key mask ``(B, S)`` (delimiters / BOS / CLS) for the attention diagnostics."""
+
+    inputs: dict[str, Tensor]
+    targets: Tensor
+    special: Tensor
+
+
+@dataclass
+class Task:
+    """Everything the study needs to train and evaluate one model family.
+
+    Attributes:
+        family: ``"bert"``, ``"opt"`` or ``"vit"``.
+        model_config: keyword arguments of :func:`hopfield.integrations.build_model`.
+        train: training examples (token blocks ``(T,)`` or ``(image, label)`` pairs).
+        loss_fn: ``loss_fn(model, batch) -> scalar`` for :class:`hopfield.training.Trainer`.
+        eval_batches: ``eval_batches(seed) -> list[Batch]``.
+        calibration_batches: ``calibration_batches(seed) -> list[dict]`` (model inputs).
+        metric_name: ``"perplexity"`` or ``"top-1 (%)"``.
+        higher_is_better: direction of the metric.
+        description: the data used (for the report).
+    """
+
+    family: str
+    model_config: dict[str, Any]
+    train: Sequence[Any]
+    loss_fn: Callable[[nn.Module, Any], Tensor]
+    eval_batches: Callable[[int], list[Batch]]
+    calibration_batches: Callable[[int], list[dict[str, Tensor]]]
+    metric_name: str
+    higher_is_better: bool
+    description: str
+
+    def monitor_patterns(self, layers: int) -> list[str]:
+        """Every component of every layer (regular expressions for the trainer's monitor)."""
+        prefix = FAMILY_PREFIX[self.family]
+        return [
+            prefix.format(j=j) + suffix.replace(".", r"\.")
+            for j in range(layers)
+            for suffix in COMPONENTS[self.family].values()
+        ]
+
+    def evaluate(
+        self, model: nn.Module, batches: Sequence[Batch], before: Callable[[Batch], None] | None
+    ) -> float:
+        """The task metric of ``model`` over ``batches`` (``before(batch)`` runs before each
+        forward pass, e.g. to set the attention recorder's special mask)."""
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in batches:
+                if before is not None:
+                    before(batch)
+                logits = model(**batch.inputs).logits.float()
+                if self.family == "vit":
+                    total += float((logits.argmax(-1) == batch.targets).sum())
+                    count += batch.targets.numel()
+                    continue
+                if self.family == "opt":
+                    logits, targets = logits[:, :-1], batch.targets[:, 1:]
+                else:
+                    targets = batch.targets
+                loss = F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]),
+                    targets.reshape(-1),
+                    ignore_index=-100,
+                    reduction="sum",
+                )
+                total += float(loss)
+                count += int((targets != -100).sum())
+        if count == 0:
+            raise ValueError("batches: nothing to evaluate")
+        if self.family == "vit":
+            return 100.0 * total / count
+        return math.exp(total / count)
+
+
+def _chunks(n: int, size: int, limit: int) -> list[slice]:
+    out = [slice(i, i + size) for i in range(0, n - size + 1, size)]
+    return out[:limit]
+
+
+def _pick(items: Sequence[Any], count: int, seed: int) -> list[Any]:
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [items[i] for i in order[:count]]
+
+
+def _text_task(settings: Any, data_dir: Path | None) -> Task:
+    from hopfield.data.text import (
+        load_text,
+        mask_tokens,
+        special_ids,
+        token_blocks,
+        train_tokenizer,
+    )
+
+    family = settings.family
+    kind = "wordpiece" if family == "bert" else "bpe"
+    splits = load_text(settings.dataset, data_dir, max_lines=settings.max_train or None)
+    tokenizer = train_tokenizer(
+        kind, splits.train, settings.vocab_size, cache_dir=settings.cache_dir
+    )
+    ids = special_ids(tokenizer, kind)
+    vocab = tokenizer.get_vocab_size()
+    train = token_blocks(tokenizer, splits.train, kind, settings.seq_len)
+    limit = settings.eval_batches * settings.eval_batch_size
+    valid = token_blocks(tokenizer, splits.validation, kind, settings.seq_len, max_blocks=limit)
+    slices = _chunks(len(valid), settings.eval_batch_size, settings.eval_batches)
+    if not slices:
+        raise ValueError(
+            f"eval_batch_size: the validation split has {len(valid)} blocks, fewer than one batch"
+        )
+    special = sorted({ids[r] for r in ids if r != "unk"})
+    delimiters = [ids["cls"], ids["sep"]] if family == "bert" else [ids["bos"]]
+
+    def special_mask(block: Tensor) -> Tensor:
+        return torch.isin(block, torch.tensor(delimiters))
+
+    if family == "bert":
+        common = {"vocab_size": vocab, "pad_token_id": ids["pad"]}
+
+        def mask(block: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+            return mask_tokens(
+                block, mask_id=ids["mask"], vocab_size=vocab, special=special, generator=generator
+            )
+
+        def loss_fn(model: nn.Module, batch: Tensor) -> Tensor:
+            inputs, labels = mask(batch, None)
+            return model(input_ids=inputs, labels=labels).loss
+
+        def eval_batches(seed: int) -> list[Batch]:
+            generator = torch.Generator().manual_seed(seed)
+            out = []
+            for part in slices:
+                inputs, labels = mask(valid[part], generator)
+                out.append(Batch({"input_ids": inputs}, labels, special_mask(inputs)))
+            return out
+
+    else:
+        common = {
+            "vocab_size": vocab,
+            "pad_token_id": ids["pad"],
+            "bos_token_id": ids["bos"],
+            "eos_token_id": ids["eos"],
+        }
+
+        def loss_fn(model: nn.Module, batch: Tensor) -> Tensor:
+            return model(input_ids=batch, labels=batch).loss
+
+        def eval_batches(seed: int) -> list[Batch]:
+            return [
+                Batch({"input_ids": valid[p]}, valid[p], special_mask(valid[p])) for p in slices
+            ]
+
+    def calibration_batches(seed: int) -> list[dict[str, Tensor]]:
+        if settings.calibrate_on == "validation":
+            return [b.inputs for b in _pick(eval_batches(seed), settings.calib_batches, seed)]
+        generator = torch.Generator().manual_seed(seed)
+        rows = torch.randperm(len(train), generator=generator)
+        out = []
+        for k in range(settings.calib_batches):
+            block = train[rows[k * settings.eval_batch_size : (k + 1) * settings.eval_batch_size]]
+            out.append({"input_ids": mask(block, generator)[0] if family == "bert" else block})
+        return out
+
+    return Task(
+        family=family,
+        model_config={**common, "max_position_embeddings": settings.seq_len},
+        train=list(train),
+        loss_fn=loss_fn,
+        eval_batches=eval_batches,
+        calibration_batches=calibration_batches,
+        metric_name="perplexity",
+        higher_is_better=False,
+        description=(
+            f"{splits.description}; {kind} tokenizer ({vocab} tokens) trained on the train split; "
+            f"{len(train)} training blocks and {len(slices) * settings.eval_batch_size} "
+            f"evaluation blocks of {settings.seq_len} tokens"
+        ),
+    )
+
+
+def load_image_folder(
+    root: str | os.PathLike[str], image_size: int, limit: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Images of an ImageNet-style folder ``root/<class>/<file>`` as ``(N, 3, S, S)`` in ``[0, 1]``
+    and labels ``(N,)`` (classes in sorted order). Each image is resized (shorter side to
+    ``image_size · 8/7``, as the usual 256/224) and centre-cropped to ``image_size``.
+
+    Args:
+        root: the split folder.
+        image_size: output side ``S``.
+        limit: read at most this many images (in sorted order).
+    """
+    from PIL import Image
+
+    root = Path(root)
+    if not root.is_dir():
+        raise DataNotFoundError(
+            f"image folder {root} not found: expected <data root>/images/imagenet/{{train,val}}/"
+            "<class>/<image> (ImageNet-1k from https://image-net.org/)"
+        )
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    files = [(f, c) for c, name in enumerate(classes) for f in sorted((root / name).iterdir())]
+    if limit is not None:
+        files = files[:limit]
+    if not files:
+        raise DataNotFoundError(f"image folder {root} holds no images")
+    resize = round(image_size * 8 / 7)
+    images = []
+    for path, _ in files:
+        with Image.open(path) as image:
+            rgb = image.convert("RGB")
+            w, h = rgb.size
+            scale = resize / min(w, h)
+            rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))))
+            w, h = rgb.size
+            left, top = (w - image_size) // 2, (h - image_size) // 2
+            rgb = rgb.crop((left, top, left + image_size, top + image_size))
+            data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+            images.append(data.view(image_size, image_size, 3).permute(2, 0, 1).float() / 255.0)
+    labels = torch.tensor([c for _, c in files], dtype=torch.long)
+    return torch.stack(images), labels
+
+
+def image_splits(
+    dataset: str,
+    data_dir: Path | None,
+    eval_examples: int,
+    image_size: int | None = None,
+    max_train: int | None = None,
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], str]:
+    """``(train images, labels), (eval images, labels), description`` of an image dataset."""
+    if dataset == "imagenet":
+        root = data_root(data_dir)
+        folder = (root or Path("$DATA")) / "images" / "imagenet"
+        size = image_size or 224
+        train = load_image_folder(folder / "train", size, max_train)
+        evaluation = load_image_folder(folder / "val", size, eval_examples)
+        return train, evaluation, f"ImageNet folder {folder}: train / val"
+    from hopfield.data.images import load_image_dataset
+
+    test = load_image_dataset(dataset, "test", data_dir)
+    try:
+        train = load_image_dataset(dataset, "train", data_dir)
+    except DataNotFoundError:
+        if len(test[0]) <= eval_examples:
+            raise ValueError(
+                f"eval_examples: {dataset} has only {len(test[0])} test images and no train split"
+            ) from None
+        cut = len(test[0]) - eval_examples
+        train, test = (test[0][:cut], test[1][:cut]), (test[0][cut:], test[1][cut:])
+        description = (
+            f"{dataset}: train split absent; the first {cut} test images train, the last "
+            f"{eval_examples} evaluate"
+        )
+    else:
+        test = (test[0][:eval_examples], test[1][:eval_examples])
+        description = f"{dataset}: train split; the first {len(test[0])} test images evaluate"
+    if max_train:
+        train = (train[0][:max_train], train[1][:max_train])
+    return train, test, description
+
+
+def _image_task(settings: Any, data_dir: Path | None) -> Task:
+    eval_examples = settings.eval_batches * settings.eval_batch_size
+    (x_train, y_train), (x_eval, y_eval), description = image_splits(
+        settings.dataset, data_dir, eval_examples, settings.image_size, settings.max_train or None
+    )
+    x_train, x_eval = (x_train - 0.5) / 0.5, (x_eval - 0.5) / 0.5
+    channels, size = x_train.shape[1], x_train.shape[-1]
+    if size % settings.patch_size:
+        raise ValueError(f"patch_size {settings.patch_size} does not divide the image size {size}")
+    tokens = (size // settings.patch_size) ** 2 + 1
+    classes = int(max(int(y_train.max()), int(y_eval.max())) + 1)
+    slices = _chunks(len(x_eval), settings.eval_batch_size, settings.eval_batches)
+    if not slices:
+        raise ValueError("eval_batch_size: fewer evaluation images than one batch")
+
+    def loss_fn(model: nn.Module, batch: Any) -> Tensor:
+        images, labels = batch
+        return model(pixel_values=images, labels=labels).loss
+
+    def eval_batches(seed: int) -> list[Batch]:
+        special = torch.zeros(settings.eval_batch_size, tokens, dtype=torch.bool)
+        special[:, 0] = True  # [CLS]
+        return [Batch({"pixel_values": x_eval[p]}, y_eval[p], special) for p in slices]
+
+    def calibration_batches(seed: int) -> list[dict[str, Tensor]]:
+        if settings.calibrate_on == "validation":
+            return [b.inputs for b in _pick(eval_batches(seed), settings.calib_batches, seed)]
+        rows = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))
+        n = settings.eval_batch_size
+        return [
+            {"pixel_values": x_train[rows[k * n : (k + 1) * n]]}
+            for k in range(settings.calib_batches)
+        ]
+
+    return Task(
+        family="vit",
+        model_config={
+            "image_size": size,
+            "patch_size": settings.patch_size,
+            "num_channels": channels,
+            "num_labels": classes,
+        },
+        train=list(zip(x_train, y_train, strict=True)),
+        loss_fn=loss_fn,
+        eval_batches=eval_batches,
+        calibration_batches=calibration_batches,
+        metric_name="top-1 (%)",
+        higher_is_better=True,
+        description=(
+            f"{description}; {len(x_train)} training and {len(slices) * settings.eval_batch_size} "
+            f"evaluation images, {size}x{size}x{channels}, {tokens} tokens"
+        ),
+    )
+
+
+def build_task(settings: Any, data_dir: Path | None) -> Task:
+    """The :class:`Task` of ``settings.family`` (``settings``: the study's resolved per-model
+    settings, see :class:`hopfield.experiments.outliers.ModelSettings`)."""
+    if settings.family in ("bert", "opt"):
+        return _text_task(settings, data_dir)
+    if settings.family == "vit":
+        return _image_task(settings, data_dir)
+    raise ValueError(f"model must be 'bert', 'opt' or 'vit', got {settings.family!r}")

@@ -1,0 +1,189 @@
+"""The outlier study experiment (OutEffHop Table 1, Figures 2-4): tiny runs end to end, helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from hopfield.data import DataNotFoundError
+from hopfield.experiments import get, run_experiment
+from hopfield.experiments import outliers as study
+from hopfield.experiments.outliers_tasks import (
+    component_name,
+    image_splits,
+    load_image_folder,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """One thread (tiny models; spinning OpenMP threads only cost time) and a private cache."""
+    monkeypatch.setenv("HOPFIELD_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_tiny_all_models_end_to_end(shared_data: Path, tmp_path: Path) -> None:
+    path = run_experiment("outliers", "tiny", tmp_path, data_dir=shared_data, progress=False)
+    record = json.loads(path.read_text())
+    results = record["results"]
+    table1 = results["tables"][0]
+    assert table1["name"].startswith("Table 1")
+    assert [(r[0], r[1]) for r in table1["rows"]] == [
+        (m, label) for m in ("BERT", "OPT", "ViT") for label, _ in study.VARIANT_ROWS
+    ]
+    bert_vanilla = table1["rows"][0]
+    assert bert_vanilla[3] == 418.724 and bert_vanilla[7] == 6.237  # the paper's numbers beside
+    metrics = results["metrics"]
+    for family in ("bert", "opt", "vit"):
+        for _, variant in study.VARIANT_ROWS:
+            fp, w8a8 = metrics[f"{family}/{variant}/fp"], metrics[f"{family}/{variant}/w8a8"]
+            assert fp == fp and w8a8 == w8a8  # not NaN
+            assert metrics[f"{family}/{variant}/avg_kurtosis"] > 1.0
+            assert metrics[f"{family}/{variant}/max_inf_norm"] > 0.0
+        # Softmax_1 heads give rows summing below 1, softmax heads exactly 1
+        assert metrics[f"{family}/softmax1/row_sum"] < 0.999
+        assert metrics[f"{family}/softmax/row_sum"] == pytest.approx(1.0, abs=1e-5)
+        assert metrics[f"{family}/gated/parameters"] > metrics[f"{family}/softmax/parameters"]
+    assert 1.0 < metrics["bert/softmax/fp"] < 1000.0  # a perplexity
+    assert 0.0 <= metrics["vit/softmax/fp"] <= 100.0  # a top-1 accuracy
+    reductions = results["tables"][1]
+    assert len(reductions["rows"]) == 10 and reductions["rows"][-1][0] == "mean"
+    for figure in results["figures"]:
+        assert (tmp_path / "outliers" / figure).stat().st_size > 1000
+    assert {f"figure{k}_{m}.png" for k in (2, 3, 4) for m in ("bert", "opt", "vit")} == set(
+        results["figures"]
+    )
+    assert any("no outliers formed" in n or "holds" in n for n in results["notes"])
+    log = (tmp_path / "outliers" / "runs" / "opt" / "softmax1" / "seed-0" / "log.jsonl").read_text()
+    first = json.loads(log.splitlines()[0])
+    assert component_name("opt", 1, "FFN 2") in first["max_abs"]
+
+    # a second run finds every result and trains nothing
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("retrained a finished run")
+
+    original = study._train_and_evaluate
+    study._train_and_evaluate = fail  # type: ignore[assignment]
+    try:
+        again = run_experiment("outliers", "tiny", tmp_path, data_dir=shared_data, progress=False)
+    finally:
+        study._train_and_evaluate = original
+    assert json.loads(again.read_text())["results"]["metrics"] == metrics
+
+
+def test_thin_presets_and_overrides(shared_data: Path, tmp_path: Path) -> None:
+    assert get("outliers-opt").config("small").model == "opt"
+    path = run_experiment(
+        "outliers-bert",
+        "tiny",
+        tmp_path,
+        data_dir=shared_data,
+        progress=False,
+        overrides={"variants": '["softmax", "softmax1"]', "seeds": "2", "eval_seeds": "2"},
+    )
+    results = json.loads(path.read_text())["results"]
+    rows = results["tables"][0]["rows"]
+    assert [r[1] for r in rows] == ["Vanilla", "OutEffHop"]
+    assert "±" in rows[0][6]  # two training seeds: mean ± std
+    record = json.loads(
+        (tmp_path / "outliers-bert" / "runs/bert/softmax/seed-1/result.json").read_text()
+    )
+    assert len(record["fp"]) == 2 and record["fp"][0] != record["fp"][1]  # masking seeds differ
+    assert results["figures"] == ["figure2_bert.png", "figure3_bert.png", "figure4_bert.png"]
+
+
+def test_resolve_and_presets() -> None:
+    small = study.resolve(study.Config(scale="small"))
+    assert [s.family for s in small] == ["bert", "opt", "vit"]
+    bert, opt, vit = small
+    assert (bert.layers, bert.hidden, opt.layers, vit.layers) == (4, 128, 6, 4)
+    assert study.PRESETS["small"].seeds >= 3
+    paper = {s.family: s for s in study.resolve(study.Config(scale="paper"))}
+    assert (paper["bert"].lr, paper["bert"].steps, paper["bert"].batch_size) == (1e-4, 200_000, 256)
+    assert (paper["opt"].seq_len, paper["opt"].grad_accum, paper["opt"].steps) == (512, 4, 125_000)
+    assert paper["opt"].decay_norm_weights and paper["opt"].percentile == 99.999
+    assert (paper["vit"].patch_size, paper["vit"].hidden, paper["vit"].schedule) == (
+        16,
+        384,
+        "cosine",
+    )
+    changed = study.resolve(study.Config(model="opt", scale="small", lr=3e-4, steps=10))
+    assert len(changed) == 1 and (changed[0].lr, changed[0].steps) == (3e-4, 10)
+    assert changed[0].layers == 6
+    for bad, match in (
+        (study.Config(model="gpt"), "model"),
+        (study.Config(scale="huge"), "scale"),
+        (study.Config(variants=("softmax", "entmax")), "variants"),
+        (study.Config(seeds=0), "seeds"),
+        (study.Config(calibrate_on="test"), "calibrate_on"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            study.resolve(bad)
+
+
+def test_paper_reductions_match_spec() -> None:
+    spec = {  # spec §4.5, per pair (kurtosis %, inf norm %)
+        ("bert", "softmax1"): (93.7, 86.9),
+        ("bert", "clipped_softmax1"): (16.7, 10.4),
+        ("bert", "gated_softmax1"): (12.1, 3.8),
+        ("opt", "softmax1"): (99.9, 85.7),
+        ("opt", "clipped_softmax1"): (-147.9, -54.3),
+        ("opt", "gated_softmax1"): (87.3, 44.8),
+        ("vit", "softmax1"): (14.8, 8.5),
+        ("vit", "clipped_softmax1"): (27.2, 23.8),
+        ("vit", "gated_softmax1"): (51.3, 77.7),
+    }
+    for key, (kurt, inf) in spec.items():
+        ours = study.PAPER_REDUCTIONS[key]
+        assert ours[0] == pytest.approx(kurt, abs=0.06) and ours[1] == pytest.approx(inf, abs=0.06)
+    assert study.relative_reduction(4.0, 3.0) == 25.0
+    assert study.relative_reduction(0.0, 1.0) != study.relative_reduction(0.0, 1.0)  # NaN
+
+
+def test_text_data_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataNotFoundError, match="wikitext-2"):
+        run_experiment(
+            "outliers",
+            "tiny",
+            tmp_path,
+            data_dir=tmp_path,
+            progress=False,
+            overrides={"model": "bert"},
+        )
+
+
+def test_mnist_without_train_split_is_divided(shared_data: Path) -> None:
+    (x_train, y_train), (x_eval, y_eval), text = image_splits("mnist", shared_data, 2000)
+    assert x_train.shape == (8000, 1, 28, 28) and x_eval.shape == (2000, 1, 28, 28)
+    assert "train split absent" in text and y_train.shape == (8000,) and y_eval.shape == (2000,)
+    (x_train, _), (x_eval, _), text = image_splits("digits", None, 100, max_train=50)
+    assert x_train.shape == (50, 1, 8, 8) and x_eval.shape == (100, 1, 8, 8)
+    with pytest.raises(ValueError, match="eval_examples"):
+        image_splits("mnist", shared_data, 10_000)
+
+
+def test_image_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    for c, name in enumerate(("cat", "dog")):
+        folder = tmp_path / "images" / "imagenet" / "val" / name
+        folder.mkdir(parents=True)
+        for k in range(2):
+            array = torch.full((40, 60, 3), 50 * c + k, dtype=torch.uint8).numpy()
+            Image.fromarray(array).save(folder / f"{k}.png")
+    images, labels = load_image_folder(tmp_path / "images" / "imagenet" / "val", 16)
+    assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 1, 1]
+    assert images[2].mul(255).round().unique().tolist() == [50.0]
+    assert load_image_folder(tmp_path / "images" / "imagenet" / "val", 16, limit=3)[0].shape[0] == 3
+    with pytest.raises(DataNotFoundError, match="ImageNet"):
+        image_splits("imagenet", tmp_path, 4)  # no train folder
