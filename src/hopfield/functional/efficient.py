@@ -211,7 +211,9 @@ class _GatheredStructure(Structure):
         bias = additive_bias(mask, q.dtype)
         k_flat = k.reshape(batch * heads * size, dim)
         v_flat = v.reshape(batch * heads * size, v.shape[-1])
-        per_query = max(slots * (dim + v.shape[-1]), slots + extra_per_query)
+        # Per query: the block's scores (all S, or the gathered keys) and the support search.
+        scores_per_query = size if slots * _DENSE_SCORES_FROM >= size else slots * dim
+        per_query = max(scores_per_query, slots + extra_per_query)
         block = self._block_length(batch * heads, per_query, length)
         tensors = [q, k, scale, bias]
         needs_grad = torch.is_grad_enabled() and any(
