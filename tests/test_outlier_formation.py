@@ -102,6 +102,41 @@ def test_grid_is_searched_cheapest_first() -> None:
     assert [p.name for p in of.grid_points(replace(config, grid={}))] == ["base"]
 
 
+def test_ladder_stages() -> None:
+    config = replace(
+        of.PRESETS["small"],
+        grid={"steps": [400, 100], "pre_ln": [True, False], "num_layers": [2, 4], "lr": [1, 2]},
+    )
+    first = of.ladder_points(config)
+    # stage 1: the cost-neutral axes at the cheapest size, in their listed order
+    assert [p.name for p in first] == [
+        f"steps=100,pre_ln={ln},num_layers=2,lr={lr}" for ln in (True, False) for lr in (1, 2)
+    ]
+    second = of.ladder_points(config, best=first[2].overrides)
+    # stage 2: the size axes in cost order with the best cost-neutral setting
+    assert [p.name for p in second] == [
+        "steps=100,pre_ln=False,num_layers=2,lr=1",
+        "steps=100,pre_ln=False,num_layers=4,lr=1",
+        "steps=400,pre_ln=False,num_layers=2,lr=1",
+        "steps=400,pre_ln=False,num_layers=4,lr=1",
+    ]
+    assert second[0].name == first[2].name  # the repeated point keeps its name
+
+
+def test_ladder_search_runs_both_stages(tmp_path: Path) -> None:
+    overrides = {
+        "strategy": '"ladder"',
+        "grid": '{"steps": [2, 4], "lr": [0.001, 0.01]}',
+        "compare": "false",
+    }
+    path = run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides=overrides, progress=False
+    )
+    names = [row[0] for row in _record(path)["tables"][0]["rows"]]
+    assert names[:2] == ["steps=2,lr=0.001", "steps=2,lr=0.01"]
+    assert len(names) == 3 and names[2].startswith("steps=4,")  # the best lr, longer
+
+
 def test_grid_errors() -> None:
     with pytest.raises(ValueError, match="seed"):
         of.grid_points(replace(of.PRESETS["tiny"], grid={"seed": [1, 2]}))
@@ -219,6 +254,13 @@ def test_points_over_budget_are_skipped(tmp_path: Path) -> None:
     assert len(results["tables"]) == 1  # compare=false: search only
     search = json.loads((path.parent / "search.json").read_text())
     assert search[0]["verdict"]["within_budget"] is False
+
+
+def test_bad_strategy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="strategy"):
+        run_experiment(
+            "outlier-formation", "tiny", tmp_path, overrides={"strategy": "random"}, progress=False
+        )
 
 
 def test_bad_variant(tmp_path: Path) -> None:

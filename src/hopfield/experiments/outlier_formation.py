@@ -247,8 +247,12 @@ class Config:
     Evaluation: ``eval_batch_size``, ``calibration_batches`` (W8A8 ranges, training batches),
     ``percentile`` (``None`` = running min–max ranges).
 
-    Search: ``grid`` (config field -> list of values), ``max_configs`` (0 = all), ``budget_s``
-    (training seconds allowed per point, measured as CPU seconds per thread), ``stop_at_first``, and the :class:`Criterion`
+    Search: ``grid`` (config field -> list of values), ``strategy`` (``"grid"``: the whole
+    product in cost order, :func:`grid_points`; ``"ladder"``: the cost-neutral axes at the
+    cheapest size first, then the size/length axes with the most outlier-prone setting,
+    :func:`ladder_points`), ``max_configs`` (0 = all), ``budget_s``
+    (training seconds allowed per point: CPU seconds per thread when ``threads`` is set, else
+    wall time), ``stop_at_first``, and the :class:`Criterion`
     thresholds ``kurtosis_threshold``, ``norm_ratio_threshold``, ``degradation_threshold``.
 
     Comparison: ``variants``, ``seeds`` (training seeds: initialisation and data order),
@@ -289,6 +293,7 @@ class Config:
     calibration_batches: int = 16
     percentile: float | None = None
     grid: dict[str, list[Any]] = field(default_factory=dict)
+    strategy: str = "grid"
     max_configs: int = 0
     budget_s: float = 1800.0
     stop_at_first: bool = True
@@ -395,6 +400,62 @@ def grid_points(config: Config) -> list[GridPoint]:
         points.append(GridPoint(name, overrides, replace(config, grid={}, **overrides)))
     points = sorted(points, key=lambda p: p.gflop)  # stable: ties keep the product order
     return points[: config.max_configs] if config.max_configs > 0 else points
+
+
+#: Grid fields that change the training cost (:func:`training_gflop` grows with each).
+COST_FIELDS = ("steps", "num_layers", "ffn_dim", "hidden_size", "batch_size", "seq_len")
+
+STRATEGIES = ("grid", "ladder")
+
+
+def ladder_points(config: Config, best: Mapping[str, Any] | None = None) -> list[GridPoint]:
+    """The two stages of the ``"ladder"`` search.
+
+    Stage 1 (``best=None``): every combination of the cost-neutral axes (pre/post-LN, dropout,
+    learning rate, weight decay, LayerNorm-gain decay, data rates, ...) with every cost axis
+    (:data:`COST_FIELDS`) at its cheapest value. Stage 2 (``best`` = the overrides of the most
+    outlier-prone stage-1 point): the cost axes' product in cost order with the cost-neutral
+    axes fixed at ``best``. Point names list every grid axis in the grid's order, so the stage-1
+    point that stage 2 repeats has the same name (and is not trained twice).
+    """
+    grid = dict(config.grid)
+    if best is None:
+        stage = {k: ([min(v)] if k in COST_FIELDS else list(v)) for k, v in grid.items()}
+    else:
+        stage = {k: (list(v) if k in COST_FIELDS else [best[k]]) for k, v in grid.items()}
+    return grid_points(replace(config, grid=stage, max_configs=0))
+
+
+def _point_stream(
+    config: Config, entries: list[dict[str, Any]], criterion: Criterion
+) -> Iterator[GridPoint]:
+    """The points of the search in order; the ladder's second stage is chosen from ``entries``
+    (the results so far) once the first is done."""
+    if config.strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {config.strategy!r}")
+    if config.strategy == "grid":
+        yield from grid_points(config)
+        return
+    first = ladder_points(config)
+    limit = config.max_configs or math.inf
+    count = 0
+    for point in first:
+        if count >= limit:
+            return
+        count += 1
+        yield point
+    trained = [e for e in entries if e["status"] == "trained"]
+    if not trained:
+        return
+    best = max(trained, key=lambda e: _outlier_score(e, criterion))
+    seen = {e["name"] for e in entries}
+    for point in ladder_points(config, best["overrides"]):
+        if point.name in seen:
+            continue
+        if count >= limit:
+            return
+        count += 1
+        yield point
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,6 +684,14 @@ def train_and_evaluate(
 # the experiment
 
 
+def _train_seconds(metrics: Mapping[str, Any], config: Config) -> float:
+    """The training time the budget is checked against: CPU seconds per thread when the run
+    pins ``threads`` (the time on dedicated cores, however busy the machine), else wall time."""
+    if config.threads:
+        return float(metrics["train_cpu_s"]) / config.threads
+    return float(metrics["train_s"])
+
+
 def _verdict(metrics: Mapping[str, Any], config: Config) -> Verdict:
     return judge(
         metrics["avg_kurtosis"],
@@ -630,19 +699,19 @@ def _verdict(metrics: Mapping[str, Any], config: Config) -> Verdict:
         metrics["median_scale"],
         metrics["fp_ppl"],
         metrics["w8a8_ppl"],
-        train_seconds=metrics["train_cpu_s"] / max(config.threads, 1),
+        train_seconds=_train_seconds(metrics, config),
         criterion=config.criterion,
     )
 
 
 def _search(config: Config, ctx: RunContext) -> list[dict[str, Any]]:
-    """Train the vanilla model at each grid point in cost order (resumable via ``search.json``)."""
+    """Train the vanilla model at each search point in order (resumable via ``search.json``)."""
     done: list[dict[str, Any]] = ctx.load_json("search.json") or []
     by_name = {e["name"]: e for e in done}
     entries: list[dict[str, Any]] = []
     seconds_per_gflop: float | None = None
-    points = grid_points(config)
-    for point in ctx.track(points, total=len(points), desc="search"):
+    points = _point_stream(config, entries, config.criterion)
+    for point in ctx.track(points, desc="search"):
         entry = by_name.get(point.name)
         if entry is None:
             entry = {"name": point.name, "overrides": point.overrides, "gflop": point.gflop}
@@ -659,7 +728,7 @@ def _search(config: Config, ctx: RunContext) -> list[dict[str, Any]]:
         seen = {e["name"] for e in entries}
         ctx.save_json("search.json", entries + [e for e in done if e["name"] not in seen])
         if entry["status"] == "trained":
-            rate = entry["train_cpu_s"] / max(config.threads, 1) / max(entry["gflop"], 1e-12)
+            rate = _train_seconds(entry, config) / max(entry["gflop"], 1e-12)
             seconds_per_gflop = rate if seconds_per_gflop is None else max(seconds_per_gflop, rate)
             if entry["verdict"]["success"] and config.stop_at_first:
                 break
@@ -942,11 +1011,13 @@ PRESETS = {
         log_every=2,
         checkpoint_every=0,
     ),
-    "small": Config(grid=_SEARCH_GRID, budget_s=1800.0),
+    "small": Config(grid=_SEARCH_GRID, strategy="ladder", budget_s=1800.0),
     "paper": Config(
         grid={**_SEARCH_GRID, "steps": [10_000, 30_000, 100_000], "num_layers": [6, 12]},
+        strategy="ladder",
         budget_s=36_000.0,
         threads=0,
+        cpu=False,
     ),
 }
 
