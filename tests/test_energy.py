@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -38,15 +37,6 @@ ENERGIES = [
     PolynomialEnergy(10),
     PolynomialEnergy(3),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Many small products: one thread avoids thread-pool contention on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sphere(generator: torch.Generator, count: int, dim: int, radius: float) -> torch.Tensor:

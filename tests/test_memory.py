@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,15 +15,6 @@ from hopfield.memory import retrieve
 
 DTYPE = torch.float64
 SEPARATIONS = [Softmax(), SoftmaxN(1), Sparsemax(), Entmax(1.5), Polynomial(10)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Many small products: one thread avoids thread-pool contention on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sphere(generator: torch.Generator, count: int, dim: int, radius: float) -> torch.Tensor:
@@ -166,3 +158,11 @@ def test_bad_arguments_raise() -> None:
         retrieve(q.long(), m.long())
     with pytest.raises(ValueError, match="broadcast"):
         retrieve(torch.randn(2, 4, 3), torch.randn(3, 5, 3))
+
+
+def test_the_examples_in_the_documentation_run() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "memory.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "docs/memory.md", "exec"), {})

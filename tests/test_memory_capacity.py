@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,6 @@ from hopfield.experiments.runner import load_record
 from hopfield.functional import Polynomial, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Many small products: one thread avoids thread-pool contention on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def trend_rows(record: dict) -> list[list]:

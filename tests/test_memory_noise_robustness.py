@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import torch
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.runner import load_record
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Many small products: one thread avoids thread-pool contention on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_tiny_noise_sweep(tmp_path: Path) -> None:

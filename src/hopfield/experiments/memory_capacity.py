@@ -87,6 +87,8 @@ class Config:
         energy_tolerance: relative energy rise tolerated in float32 when checking descent.
         throughput: ``(stored, queries, d)`` of the throughput benchmark, or ``None``.
         figure: draw the figure.
+        threads: torch CPU threads during the run (``None``: leave as is). One thread is
+            faster for these many mid-sized products on a shared 2-core machine.
     """
 
     datasets: tuple[str, ...] = ("mnist", "cifar10")
@@ -103,6 +105,7 @@ class Config:
     energy_tolerance: float = 1e-5
     throughput: tuple[int, int, int] | None = None
     figure: bool = True
+    threads: int | None = 1
     seed: int = 0
 
 
@@ -304,8 +307,8 @@ def sweep(
     datasets, notes = available_datasets(config.datasets, config.split, ctx.data_dir)
     saved = ctx.load_json(checkpoint) or {}
     fingerprint = asdict(config)
-    fingerprint.pop("figure", None)
-    fingerprint.pop("throughput", None)
+    for field in ("figure", "throughput", "threads"):
+        fingerprint.pop(field, None)
     if saved.get("config") != json_safe(fingerprint):
         saved = {"config": json_safe(fingerprint), "cases": {}}
     work = [(name, case) for name in datasets for case in cases]
@@ -589,7 +592,26 @@ def capacity_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
     return rows
 
 
+def with_threads(threads: int | None, fn: Callable[[], Results]) -> Results:
+    """``fn()`` with ``threads`` torch CPU threads (restored afterwards; ``None``: unchanged)."""
+    if threads is None:
+        return fn()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
 def run(config: Config, ctx: RunContext) -> Results:
+    """Run the memory-capacity sweep (see the module docstring)."""
+    return with_threads(config.threads, lambda: _run(config, ctx))
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
     cases = [
         (kind, size, config.noise_std) for kind in config.queries for size in config.memory_sizes
     ]
@@ -623,7 +645,8 @@ def run(config: Config, ctx: RunContext) -> Results:
         timing = throughput(stored, count, d, config.beta)
         tables.append(
             Table(
-                "Retrieval throughput (dense softmax, one step, float32)",
+                f"Retrieval throughput (dense softmax, one step, float32, "
+                f"{torch.get_num_threads()} thread(s))",
                 ["stored", "queries", "d", "retrieve (s)", "bare matmuls (s)", "ratio"],
                 [[stored, count, d, timing["retrieve_s"], timing["matmuls_s"], timing["ratio"]]],
                 caption="Best of 2; 'bare matmuls' = the two products QΞᵀ and WΞ alone. Target: "

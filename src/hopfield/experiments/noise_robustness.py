@@ -24,6 +24,7 @@ from hopfield.experiments.memory_capacity import (
     points_table,
     select,
     sweep,
+    with_threads,
 )
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
@@ -36,6 +37,7 @@ class Config:
     Attributes:
         memory_size: the fixed number of stored images M.
         noise_stds: the σ sweep.
+        threads: torch CPU threads during the run (``None``: leave as is).
     """
 
     datasets: tuple[str, ...] = ("mnist", "cifar10")
@@ -50,6 +52,7 @@ class Config:
     efficient_betas: tuple[tuple[str, float], ...] = EFFICIENT_BETAS
     energy_tolerance: float = 1e-5
     figure: bool = True
+    threads: int | None = 1
     seed: int = 0
 
 
@@ -153,6 +156,11 @@ def noise_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
 
 
 def run(config: Config, ctx: RunContext) -> Results:
+    """Run the noise sweep (see the module docstring)."""
+    return with_threads(config.threads, lambda: _run(config, ctx))
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
     cases = [("noise", config.memory_size, sigma) for sigma in config.noise_stds]
     points, rises, notes = sweep(config, ctx, cases, "noise_checkpoint.json")
     table = points_table(

@@ -227,7 +227,8 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
         ("dense", Softmax(), DenseEnergy()),
     ):
         descents, worst_rise, stationary, worst_gradient = 0, -math.inf, 0, 0.0
-        rise_violations = stationary_violations = 0
+        rise_violations = stationary_violations = moving = 0
+        slowest = 0.0
         # One batch per (d, M, β): the memory sets of every radius m run together.
         for d, size, beta in _grid(
             config.dynamics_dims, config.dynamics_sizes, config.dynamics_betas
@@ -248,10 +249,17 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
             descents += rise.numel()
             rise_violations += int((rise > 1e-10).sum())
             worst_rise = max(worst_rise, float(rise.max()))
+            # Runs still moving after max_steps are no counterexample (the theorem is about
+            # limits); they are counted apart with their last step size.
             gradient = energy.gradient(result.patterns, memories, beta).norm(dim=-1)
-            stationary += gradient.numel()
-            stationary_violations += int((gradient > 1e-8).sum())
-            worst_gradient = max(worst_gradient, float(gradient.max()))
+            done = result.converged
+            moving += int((~done).sum())
+            if bool((~done).any()):
+                slowest = max(slowest, float(result.residuals[-1][~done].max()))
+            stationary += int(done.sum())
+            stationary_violations += int(((gradient > 1e-8) & done).sum())
+            if bool(done.any()):
+                worst_gradient = max(worst_gradient, float(gradient[done].max()))
         paper = "OutEffHop Lemma 2.1" if name == "OutEffHop" else "Ramsauer et al. Thm 1"
         checks.append(
             Check(
@@ -270,7 +278,8 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
                 paper,
                 f"{name} iterates converge to stationary points of H",
                 "theorem",
-                f"‖∇H(x*)‖ <= 1e-8 after <= {config.max_steps} steps (tol 1e-12)",
+                f"‖∇H(x*)‖ <= 1e-8 once ‖x_t+1 - x_t‖ <= 1e-12 ({moving} runs still moving "
+                f"after {config.max_steps} steps, last step <= {slowest:.1e})",
                 stationary,
                 stationary_violations,
                 1e-8 - worst_gradient,
