@@ -173,17 +173,39 @@ def test_mnist_without_train_split_is_divided(shared_data: Path) -> None:
 
 
 def test_image_folder(tmp_path: Path) -> None:
+    from dataclasses import replace
+
     from PIL import Image
 
-    for c, name in enumerate(("cat", "dog")):
-        folder = tmp_path / "images" / "imagenet" / "val" / name
-        folder.mkdir(parents=True)
-        for k in range(2):
-            array = torch.full((40, 60, 3), 50 * c + k, dtype=torch.uint8).numpy()
-            Image.fromarray(array).save(folder / f"{k}.png")
-    images, labels = load_image_folder(tmp_path / "images" / "imagenet" / "val", 16)
+    from hopfield.experiments.outliers_tasks import ImageFolder, build_task
+
+    for split in ("train", "val"):
+        for c, name in enumerate(("cat", "dog")):
+            folder = tmp_path / "images" / "imagenet" / split / name
+            folder.mkdir(parents=True)
+            for k in range(2):
+                array = torch.full((40, 60, 3), 50 * c + k, dtype=torch.uint8).numpy()
+                Image.fromarray(array).save(folder / f"{k}.png")
+    val = tmp_path / "images" / "imagenet" / "val"
+    images, labels = load_image_folder(val, 16)
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 1, 1]
     assert images[2].mul(255).round().unique().tolist() == [50.0]
-    assert load_image_folder(tmp_path / "images" / "imagenet" / "val", 16, limit=3)[0].shape[0] == 3
+    assert len(ImageFolder(val, 16, limit=3)) == 3
+    settings = replace(
+        study.SETTINGS["tiny"]["vit"],
+        dataset="imagenet",
+        image_size=8,
+        patch_size=4,
+        eval_batches=1,
+        eval_batch_size=2,
+        calib_batches=1,
+        calibrate_on="train",
+    )
+    task = build_task(settings, tmp_path)
+    assert task.model_config["num_labels"] == 2 and task.model_config["num_channels"] == 3
+    x, y = task.train[3]
+    assert x.shape == (3, 8, 8) and int(y) == 1
+    assert float(x.max()) == pytest.approx(51 / 255 * 2 - 1, abs=1e-6)  # normalised lazily
+    assert task.calibration_batches(0)[0]["pixel_values"].shape == (2, 3, 8, 8)
     with pytest.raises(DataNotFoundError, match="ImageNet"):
-        image_splits("imagenet", tmp_path, 4)  # no train folder
+        image_splits("imagenet", tmp_path / "nothing", 4)

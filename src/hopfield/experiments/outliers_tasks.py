@@ -39,6 +39,7 @@ __all__ = [
     "COMPONENTS",
     "FAMILY_PREFIX",
     "Batch",
+    "ImageFolder",
     "Task",
     "build_task",
     "component_name",
@@ -272,47 +273,76 @@ def _text_task(settings: Any, data_dir: Path | None) -> Task:
     )
 
 
-def load_image_folder(
-    root: str | os.PathLike[str], image_size: int, limit: int | None = None
-) -> tuple[Tensor, Tensor]:
-    """Images of an ImageNet-style folder ``root/<class>/<file>`` as ``(N, 3, S, S)`` in ``[0, 1]``
-    and labels ``(N,)`` (classes in sorted order). Each image is resized (shorter side to
-    ``image_size · 8/7``, as the usual 256/224) and centre-cropped to ``image_size``.
+class ImageFolder:
+    """An ImageNet-style folder ``root/<class>/<file>``, read lazily: ``folder[i] = (image
+    (3, S, S) in [0, 1], label)``. Classes are the sorted sub-folder names; each image is resized
+    (shorter side to ``image_size · 8/7``, as the usual 256/224) and centre-cropped to ``S``.
 
     Args:
         root: the split folder.
         image_size: output side ``S``.
-        limit: read at most this many images (in sorted order).
+        limit: use at most this many images (in sorted order).
     """
-    from PIL import Image
 
-    root = Path(root)
-    if not root.is_dir():
-        raise DataNotFoundError(
-            f"image folder {root} not found: expected <data root>/images/imagenet/{{train,val}}/"
-            "<class>/<image> (ImageNet-1k from https://image-net.org/)"
-        )
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    files = [(f, c) for c, name in enumerate(classes) for f in sorted((root / name).iterdir())]
-    if limit is not None:
-        files = files[:limit]
-    if not files:
-        raise DataNotFoundError(f"image folder {root} holds no images")
-    resize = round(image_size * 8 / 7)
-    images = []
-    for path, _ in files:
+    def __init__(self, root: str | os.PathLike[str], image_size: int, limit: int | None = None):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DataNotFoundError(
+                f"image folder {self.root} not found: expected <data root>/images/imagenet/"
+                "{train,val}/<class>/<image> (ImageNet-1k from https://image-net.org/)"
+            )
+        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        self.files = [
+            (f, c)
+            for c, name in enumerate(self.classes)
+            for f in sorted((self.root / name).iterdir())
+        ][:limit]
+        if not self.files:
+            raise DataNotFoundError(f"image folder {self.root} holds no images")
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        from PIL import Image
+
+        path, label = self.files[index]
+        size = self.image_size
         with Image.open(path) as image:
             rgb = image.convert("RGB")
-            w, h = rgb.size
-            scale = resize / min(w, h)
-            rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))))
-            w, h = rgb.size
-            left, top = (w - image_size) // 2, (h - image_size) // 2
-            rgb = rgb.crop((left, top, left + image_size, top + image_size))
-            data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
-            images.append(data.view(image_size, image_size, 3).permute(2, 0, 1).float() / 255.0)
-    labels = torch.tensor([c for _, c in files], dtype=torch.long)
-    return torch.stack(images), labels
+        w, h = rgb.size
+        scale = round(size * 8 / 7) / min(w, h)
+        rgb = rgb.resize((max(size, round(w * scale)), max(size, round(h * scale))))
+        w, h = rgb.size
+        left, top = (w - size) // 2, (h - size) // 2
+        rgb = rgb.crop((left, top, left + size, top + size))
+        data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+        image_tensor = data.view(size, size, 3).permute(2, 0, 1).float() / 255.0
+        return image_tensor, torch.tensor(label)
+
+
+def load_image_folder(
+    root: str | os.PathLike[str], image_size: int, limit: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """All images of an :class:`ImageFolder` at once: ``(N, 3, S, S)`` and labels ``(N,)``."""
+    folder = ImageFolder(root, image_size, limit)
+    items = [folder[i] for i in range(len(folder))]
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+class _Normalized:
+    """``(x, y) -> ((x - 0.5) / 0.5, y)`` over an indexable dataset, lazily."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x, y = self.dataset[index]
+        return (x - 0.5) / 0.5, y
 
 
 def image_splits(
@@ -321,15 +351,20 @@ def image_splits(
     eval_examples: int,
     image_size: int | None = None,
     max_train: int | None = None,
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], str]:
-    """``(train images, labels), (eval images, labels), description`` of an image dataset."""
+) -> tuple[Any, tuple[Tensor, Tensor], str]:
+    """``(train, (eval images, labels), description)`` of an image dataset.
+
+    ``train`` is an ``(images, labels)`` pair of tensors, or for ``"imagenet"`` a lazy
+    :class:`ImageFolder` of ``<data root>/images/imagenet/train`` (evaluation: the first
+    ``eval_examples`` images of ``.../val``).
+    """
     if dataset == "imagenet":
         root = data_root(data_dir)
         folder = (root or Path("$DATA")) / "images" / "imagenet"
         size = image_size or 224
-        train = load_image_folder(folder / "train", size, max_train)
+        lazy = ImageFolder(folder / "train", size, max_train)
         evaluation = load_image_folder(folder / "val", size, eval_examples)
-        return train, evaluation, f"ImageNet folder {folder}: train / val"
+        return lazy, evaluation, f"ImageNet folder {folder}: train / val"
     from hopfield.data.images import load_image_dataset
 
     test = load_image_dataset(dataset, "test", data_dir)
@@ -356,15 +391,21 @@ def image_splits(
 
 def _image_task(settings: Any, data_dir: Path | None) -> Task:
     eval_examples = settings.eval_batches * settings.eval_batch_size
-    (x_train, y_train), (x_eval, y_eval), description = image_splits(
+    train_data, (x_eval, y_eval), description = image_splits(
         settings.dataset, data_dir, eval_examples, settings.image_size, settings.max_train or None
     )
-    x_train, x_eval = (x_train - 0.5) / 0.5, (x_eval - 0.5) / 0.5
-    channels, size = x_train.shape[1], x_train.shape[-1]
+    x_eval = (x_eval - 0.5) / 0.5
+    if isinstance(train_data, ImageFolder):
+        train: Any = _Normalized(train_data)
+        classes = len(train_data.classes)
+    else:
+        x_train, y_train = train_data
+        train = list(zip((x_train - 0.5) / 0.5, y_train, strict=True))
+        classes = int(max(int(y_train.max()), int(y_eval.max())) + 1)
+    channels, size = x_eval.shape[1], x_eval.shape[-1]
     if size % settings.patch_size:
         raise ValueError(f"patch_size {settings.patch_size} does not divide the image size {size}")
     tokens = (size // settings.patch_size) ** 2 + 1
-    classes = int(max(int(y_train.max()), int(y_eval.max())) + 1)
     slices = _chunks(len(x_eval), settings.eval_batch_size, settings.eval_batches)
     if not slices:
         raise ValueError("eval_batch_size: fewer evaluation images than one batch")
@@ -381,10 +422,10 @@ def _image_task(settings: Any, data_dir: Path | None) -> Task:
     def calibration_batches(seed: int) -> list[dict[str, Tensor]]:
         if settings.calibrate_on == "validation":
             return [b.inputs for b in _pick(eval_batches(seed), settings.calib_batches, seed)]
-        rows = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))
+        rows = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
         n = settings.eval_batch_size
         return [
-            {"pixel_values": x_train[rows[k * n : (k + 1) * n]]}
+            {"pixel_values": torch.stack([train[i][0] for i in rows[k * n : (k + 1) * n]])}
             for k in range(settings.calib_batches)
         ]
 
@@ -396,14 +437,14 @@ def _image_task(settings: Any, data_dir: Path | None) -> Task:
             "num_channels": channels,
             "num_labels": classes,
         },
-        train=list(zip(x_train, y_train, strict=True)),
+        train=train,
         loss_fn=loss_fn,
         eval_batches=eval_batches,
         calibration_batches=calibration_batches,
         metric_name="top-1 (%)",
         higher_is_better=True,
         description=(
-            f"{description}; {len(x_train)} training and {len(slices) * settings.eval_batch_size} "
+            f"{description}; {len(train)} training and {len(slices) * settings.eval_batch_size} "
             f"evaluation images, {size}x{size}x{channels}, {tokens} tokens"
         ),
     )
