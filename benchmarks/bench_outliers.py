@@ -48,18 +48,18 @@ def synchronize(device: str) -> None:
 
 
 def interleaved(
-    cases: dict[str, Callable[[], object]], repeats: int, device: str
+    cases: dict[str, Callable[[], object]], repeats: int, device: str, clock: Callable[[], float]
 ) -> dict[str, float]:
-    """Median seconds per case, the cases run round-robin after two warm-up rounds."""
+    """Median seconds per case (by ``clock``), run round-robin after two warm-up rounds."""
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_ in range(repeats + 2):
         for name, fn in cases.items():
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             fn()
             synchronize(device)
             if round_ >= 2:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -111,32 +111,46 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="sequences per batch")
     parser.add_argument("--length", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="wall time, or this process's CPU time (robust on a shared CPU with --threads 1)",
+    )
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     size, length, repeats = (4, 64, 3) if args.quick else (args.batch, args.length, args.repeats)
     data = batch(size, length, args.device)
+    if args.clock == "cpu" and args.device == "cuda":
+        parser.error("--clock cpu measures CPU work only; use wall time on cuda")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     steps = interleaved(
-        {v: training_step(v, data, args.device) for v in VARIANTS}, repeats, args.device
+        {v: training_step(v, data, args.device) for v in VARIANTS}, repeats, args.device, clock
     )
     evals = interleaved(
         {r: evaluation(r == "recorded", data, args.device) for r in ("plain", "recorded")},
         repeats,
         args.device,
+        clock,
     )
     base = steps["sdpa"]
     results = {
         "device": args.device,
         "threads": torch.get_num_threads(),
+        "clock": args.clock,
         "batch": [size, length],
         "train_step_seconds": steps,
         "train_step_ratio_vs_sdpa": {v: steps[v] / base for v in VARIANTS},
         "eval_seconds": evals,
         "recorder_ratio": evals["recorded"] / evals["plain"],
     }
-    print(f"BERT-small training step, batch {size} x {length}, device {args.device}")
+    print(
+        f"BERT-small training step, batch {size} x {length}, device {args.device}, "
+        f"{torch.get_num_threads()} threads, {args.clock} clock, median of {repeats}"
+    )
     print(f"{'variant':<18} {'ms':>9} {'ratio':>7} {'target':>7}")
     for v in VARIANTS:
         target = TARGETS.get(v)
