@@ -256,6 +256,49 @@ def test_points_over_budget_are_skipped(tmp_path: Path) -> None:
     assert search[0]["verdict"]["within_budget"] is False
 
 
+def test_split_sentences() -> None:
+    lines = [" = Title = ", " A b . C d , e . F", ""]
+    assert of.split_sentences(lines) == ["= Title =", "A b .", "C d , e .", "F"]
+
+
+def test_wikitext_search(shared_data: Path, tmp_path: Path) -> None:
+    overrides = {
+        "data": '"wikitext-2"',
+        "text_max_lines": "300",
+        "vocab_size": "320",
+        "train_sequences": "64",
+        "grid": '{"steps": [2]}',
+        "compare": "false",
+    }
+    path = run_experiment(
+        "outlier-formation",
+        "tiny",
+        tmp_path,
+        data_dir=shared_data,
+        overrides=overrides,
+        progress=False,
+    )
+    (row,) = _record(path)["tables"][0]["rows"]
+    assert row[0] == "steps=2" and math.isfinite(row[3]) and row[3] > 1
+    assert 0 < row[11] < 1  # attention mass on </s> and punctuation keys
+    with pytest.raises(ValueError, match="vocab_size"):
+        run_experiment(
+            "outlier-formation",
+            "tiny",
+            tmp_path,
+            data_dir=shared_data,
+            overrides={"data": '"wikitext-2"'},
+            progress=False,
+        )
+
+
+def test_bad_data(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="data"):
+        run_experiment(
+            "outlier-formation", "tiny", tmp_path, overrides={"data": "ptb"}, progress=False
+        )
+
+
 def test_bad_strategy(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="strategy"):
         run_experiment(

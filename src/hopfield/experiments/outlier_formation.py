@@ -61,6 +61,7 @@ __all__ = [
     "grid_points",
     "judge",
     "run",
+    "split_sentences",
     "train_and_evaluate",
     "training_gflop",
 ]
@@ -232,9 +233,13 @@ def _six() -> tuple[str, ...]:
 class Config:
     """One training recipe plus the search grid around it.
 
-    Data (:class:`hopfield.data.synthetic_text.SyntheticText`): ``vocab_size``, ``seq_len``,
-    ``delimiter_rate``, ``filler_rate``, ``recall_rate``, ``branching``; ``train_sequences`` and
-    ``val_sequences`` fixed samples (data seeds 1 and 2, grammar seed 0).
+    Data: ``data = "synthetic"`` (:class:`hopfield.data.synthetic_text.SyntheticText`:
+    ``vocab_size``, ``seq_len``, ``delimiter_rate``, ``filler_rate``, ``recall_rate``,
+    ``branching``; data seeds 1 and 2, grammar seed 0) or ``"wikitext-2"`` (the project's
+    WikiText-2 files through :mod:`hopfield.data.text`: a byte-level BPE tokenizer of
+    ``vocab_size`` tokens trained offline, OPT's ``</s>`` before every line, or before every
+    sentence with ``sentence_separators``; ``text_max_lines`` > 0 keeps the first lines of each
+    split); ``train_sequences`` and ``val_sequences`` blocks of ``seq_len`` tokens.
 
     Model (OPT-style causal LM): ``hidden_size``, ``num_heads``, ``num_layers``, ``ffn_dim``,
     ``pre_ln`` (``False`` = post-LN), ``dropout`` (hidden, attention and activation), ``init_std``,
@@ -266,6 +271,9 @@ class Config:
     """
 
     seed: int = 0
+    data: str = "synthetic"
+    sentence_separators: bool = True
+    text_max_lines: int = 0
     vocab_size: int = 64
     seq_len: int = 64
     delimiter_rate: float = 0.15
@@ -464,9 +472,9 @@ def _point_stream(
 
 def build(config: Config, variant: str = "softmax") -> nn.Module:
     """The OPT-style causal LM of ``config`` with attention ``variant`` (random initialisation)."""
-    from hopfield.data.synthetic_text import BOS, DELIM, PAD
     from hopfield.integrations import build_model
 
+    pad, bos, eos = _token_roles(config)
     options: dict[str, Any] = {}
     if "clipped" in variant and config.clip_gamma is not None:
         options["gamma"] = config.clip_gamma
@@ -485,9 +493,9 @@ def build(config: Config, variant: str = "softmax") -> nn.Module:
         attention_dropout=config.dropout,
         activation_dropout=config.dropout,
         init_std=config.init_std,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=DELIM,
+        pad_token_id=pad,
+        bos_token_id=bos,
+        eos_token_id=eos,
         **options,
     )
 
@@ -594,24 +602,99 @@ def evaluate(
     }
 
 
+DATA_SOURCES = ("synthetic", "wikitext-2")
+
+#: OPT's ids of ``<s> <pad> </s> <unk>`` in the byte-level BPE tokenizers of hopfield.data.text.
+_OPT_PAD, _OPT_EOS = 1, 2
+
+
+def _token_roles(config: Config) -> tuple[int, int, int]:
+    """``(pad, bos, eos)`` ids of the config's data."""
+    from hopfield.data.synthetic_text import BOS, DELIM, PAD
+
+    if config.data == "synthetic":
+        return PAD, BOS, DELIM
+    return _OPT_PAD, _OPT_EOS, _OPT_EOS  # OPT: </s> is both BOS and EOS
+
+
 @dataclass
 class _Data:
     train: SyntheticSample
     val: SyntheticSample
 
 
-_DATA_CACHE: dict[SyntheticText, _Data] = {}
+_DATA_CACHE: dict[tuple[Any, ...], _Data] = {}
 
 
-def _data(config: Config) -> _Data:
-    grammar = config.grammar
-    if grammar not in _DATA_CACHE:
-        _DATA_CACHE.clear()  # one grammar at a time: the grid changes it rarely
-        _DATA_CACHE[grammar] = _Data(
-            train=generate(grammar, config.train_sequences, seed=1),
-            val=generate(grammar, config.val_sequences, seed=2),
+def split_sentences(lines: Sequence[str]) -> list[str]:
+    """WikiText lines cut after every `` . `` (the tokenized full stop): one sentence per line."""
+    out = []
+    for line in lines:
+        parts = line.strip().split(" . ")
+        for i, part in enumerate(parts):
+            if part.strip():
+                out.append(part.strip() + (" ." if i < len(parts) - 1 else ""))
+    return out
+
+
+def _text_sample(
+    tokenizer: Any, lines: Sequence[str], config: Config, blocks: int
+) -> SyntheticSample:
+    from hopfield.data.text import token_blocks
+
+    tokens = token_blocks(tokenizer, lines, "bpe", config.seq_len, max_blocks=blocks)
+    low_information = [_OPT_EOS] + [
+        i for t in ("Ġ.", "Ġ,", "Ġ@-@", "Ġ;") if (i := tokenizer.token_to_id(t)) is not None
+    ]
+    special = torch.isin(tokens, torch.tensor(low_information))
+    return SyntheticSample(tokens, special, torch.zeros_like(special))
+
+
+def _wikitext(config: Config, data_dir: Any) -> _Data:
+    from hopfield.data.text import load_text, train_tokenizer
+
+    if config.vocab_size < 300:
+        raise ValueError(
+            f"vocab_size must be >= 300 for the byte-level BPE of wikitext-2, got {config.vocab_size}"
         )
-    return _DATA_CACHE[grammar]
+    splits = load_text("wikitext-2", data_dir, max_lines=config.text_max_lines or None)
+    cut = split_sentences if config.sentence_separators else list
+    train, val = cut(splits.train), cut(splits.validation)
+    tokenizer = train_tokenizer("bpe", splits.train, config.vocab_size)
+    return _Data(
+        train=_text_sample(tokenizer, train, config, config.train_sequences),
+        val=_text_sample(tokenizer, val, config, config.val_sequences),
+    )
+
+
+def _data(config: Config, data_dir: Any = None) -> _Data:
+    """The training and validation sequences of ``config`` (cached: one data set at a time)."""
+    if config.data not in DATA_SOURCES:
+        raise ValueError(f"data must be one of {DATA_SOURCES}, got {config.data!r}")
+    if config.data == "synthetic":
+        key: tuple[Any, ...] = (config.grammar, config.train_sequences, config.val_sequences)
+    else:
+        key = (
+            config.data,
+            str(data_dir),
+            config.vocab_size,
+            config.seq_len,
+            config.sentence_separators,
+            config.text_max_lines,
+            config.train_sequences,
+            config.val_sequences,
+        )
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()
+        if config.data == "synthetic":
+            data = _Data(
+                train=generate(config.grammar, config.train_sequences, seed=1),
+                val=generate(config.grammar, config.val_sequences, seed=2),
+            )
+        else:
+            data = _wikitext(config, data_dir)
+        _DATA_CACHE[key] = data
+    return _DATA_CACHE[key]
 
 
 def _monitor_patterns() -> list[str]:
@@ -631,7 +714,7 @@ def train_and_evaluate(
     from hopfield.experiments.runner import seed_everything
     from hopfield.training import Trainer, TrainingConfig
 
-    data = _data(config)
+    data = _data(config, ctx.data_dir)
     dataset = SyntheticTextDataset(data.train)
     seed_everything(seed)
     model = build(config, variant)
@@ -938,6 +1021,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
             raise ValueError(f"variants: {variant!r} is not one of {sorted(VARIANT_NAMES)}")
     if not config.seeds:
         raise ValueError("seeds must not be empty")
+    _data(config, ctx.data_dir)  # data errors (e.g. DataNotFoundError) before any training
     entries = _search(config, ctx)
     trained = [e for e in entries if e["status"] == "trained"]
     winners = [e for e in trained if e["verdict"]["success"]]
