@@ -242,8 +242,9 @@ def test_until_step_splits_a_run(tmp_path: Path) -> None:
     steps = sorted(p.name for p in (tmp_path / "part" / "checkpoints").iterdir())
     assert steps == ["step-5", "step-8"]
     # resume=False starts over and overwrites the log
-    again = trainer(tmp_path / "part", checkpoint_every=0).fit(resume=False)
-    assert again.resumed_from is None and again.log == full.log
+    again = trainer(tmp_path / "part", checkpoint_every=0).fit(resume=False, until_step=3)
+    assert again.resumed_from is None and again.log == full.log[:1]
+    assert latest_checkpoint(tmp_path / "part").name == "step-3"  # the older step-8 is gone
 
 
 def test_bad_arguments(tmp_path: Path) -> None:

@@ -590,7 +590,8 @@ class Trainer:
         """Train to ``config.max_steps`` (or stop after ``until_step``), resuming if possible.
 
         Args:
-            resume: continue from the newest checkpoint in ``out_dir`` (if any).
+            resume: continue from the newest checkpoint in ``out_dir`` (if any); ``False``
+                deletes the log and checkpoints of an earlier run in ``out_dir`` and starts over.
             until_step: stop after this step (a checkpoint is written there), e.g. to split a
                 long run into several jobs.
 
@@ -605,8 +606,10 @@ class Trainer:
             self.load_checkpoint(checkpoint)
             resumed_from = self.step
             self._write_log()
-        elif acc.is_main_process:
+        elif acc.is_main_process:  # a fresh start: no stale log or checkpoints of an older run
             (self.out_dir / LOG_FILE).unlink(missing_ok=True)
+            shutil.rmtree(self.out_dir / CHECKPOINT_DIR, ignore_errors=True)
+        acc.wait_for_everyone()
         self.model.train()
         bar = None
         if self.progress and acc.is_main_process:
