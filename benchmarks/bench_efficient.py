@@ -3,7 +3,8 @@
 One Hopfield association ``(B=4, H=1, L=S, d)`` per model, no grad, fp32, CPU. Every speed and
 memory number is a ratio against dense softmax association measured in the same run (same
 process, same threads), so the results transfer between machines; slopes are least-squares fits
-of log time against log L; each time is the minimum of the repeats (robust on a shared CPU).
+of log time against log L; each time is the median process CPU time of the repeats (which, unlike
+wall time, leaves out waiting for a core on a shared machine).
 Run:
 
     python benchmarks/bench_efficient.py [--quick] [--threads N] [--json out.json]
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 
 import torch
 
@@ -54,7 +56,7 @@ def run(
             forward = forward_function(
                 "association", name, length, dim, config, torch.Generator().manual_seed(length)
             )
-            elapsed = min(timings(forward, repeats, warmup=1))
+            elapsed = statistics.median(timings(forward, repeats, warmup=1)[1])
             measured.append((length, elapsed))
             results[f"{name}_L{length}_ms"] = 1e3 * elapsed
             results[f"{name}_L{length}_peak_mib"] = peak_bytes(forward) / 2**20
@@ -98,7 +100,7 @@ def main() -> None:
     sizes = [512, 1024, 2048, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
     results = run(sizes, args.dim, 1 if args.quick else 3, args.threads, args.max_seconds)
     header = f"{'model':12s} " + " ".join(f"{'L=' + str(n):>10s}" for n in sizes)
-    print("forward time (ms, median)\n" + header)
+    print("forward CPU time (ms, median)\n" + header)
     for name in MODELS:
         cells = " ".join(f"{results[f'{name}_L{n}_ms']:10.2f}" for n in sizes)
         print(f"{name:12s} {cells}   slope {results[f'{name}_slope']:.2f}")

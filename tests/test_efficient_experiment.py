@@ -133,17 +133,21 @@ def test_tiny_run_tables_figures_and_resume(tmp_path: Path, monkeypatch) -> None
     tables = {t["name"]: t for t in record["results"]["tables"]}
     assert set(tables) == {
         "Slopes and speed-ups",
-        "Forward time (ms, median)",
+        "Forward wall time (ms, median)",
+        "Forward CPU time (ms, median)",
         "Peak memory (MiB)",
         "Analytic FLOPs",
     }
     tiny = PRESETS["tiny"]
-    rows = tables["Forward time (ms, median)"]["rows"]
+    rows = tables["Forward CPU time (ms, median)"]["rows"]
     assert len(rows) == len(tiny.modes) * len(tiny.dims) * len(model_names(tiny))
     assert all(cell is None or cell > 0 for row in rows for cell in row[3:])
     slopes = tables["Slopes and speed-ups"]["rows"]
-    assert all(cell is None or math.isfinite(cell) for row in slopes for cell in row[3:6])
-    assert any(k.startswith("speedup_vs_dense_association") for k in record["results"]["metrics"])
+    assert all(cell is None or math.isfinite(cell) for row in slopes for cell in row[3:7])
+    assert any(k.startswith("slope_cpu_association") for k in record["results"]["metrics"])
+    assert any(
+        k.startswith("speedup_vs_dense_cpu_association") for k in record["results"]["metrics"]
+    )
     for figure in record["results"]["figures"]:
         assert (path.parent / figure).stat().st_size > 0
 
@@ -153,7 +157,17 @@ def test_tiny_run_tables_figures_and_resume(tmp_path: Path, monkeypatch) -> None
 
     monkeypatch.setattr(efficiency, "_measure_point", no_measuring)
     again = load_record(run_experiment("efficiency", "tiny", tmp_path, progress=False))
-    assert again["results"]["tables"][1]["rows"] == rows
+    assert again["results"]["tables"][2]["rows"] == rows
     # A changed configuration starts afresh.
     with pytest.raises(AssertionError, match="re-measured"):
         efficiency.measure(replace(tiny, seed=1), RunContext(path.parent, progress=False))
+
+
+def test_docs_examples_run() -> None:
+    import re
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "efficient.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.DOTALL)
+    assert blocks
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"docs/efficient.md[python block {index}]", "exec"), {})

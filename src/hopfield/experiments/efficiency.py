@@ -277,21 +277,22 @@ def layer_flops(name: str, batch: int, length: int, dim: int, heads: int, config
 # ------------------------------------------------------------------------------------------------
 
 
-def timings(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
-    """Wall times of ``repeats`` calls of ``fn()`` in seconds after ``warmup`` untimed calls."""
+def timings(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU times (seconds) of ``repeats`` calls of ``fn()`` after ``warmup`` calls.
+
+    The CPU time is :func:`time.process_time` (all threads of this process): on a machine shared
+    with other jobs it leaves out the time the process waited for a core, which wall time does
+    not.
+    """
     for _ in range(warmup):
         fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn()`` in seconds after ``warmup`` untimed calls."""
-    return statistics.median(timings(fn, repeats, warmup))
+        cpu.append(time.process_time() - start_cpu)
+        wall.append(time.perf_counter() - start)
+    return wall, cpu
 
 
 @contextlib.contextmanager
@@ -384,7 +385,8 @@ def _key(mode: str, dim: int, name: str, length: int) -> str:
 def measure(
     config: Config, ctx: RunContext, log: Callable[[str], None] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """All points ``{key: {"seconds", "peak_bytes", "flops", "skipped"}}``, resumed from and saved
+    """All points ``{key: {"seconds", "cpu_seconds", "peak_bytes", "flops", "skipped"}}`` (wall
+    and CPU medians), resumed from and saved
     to ``measurements.json`` in ``ctx.out_dir`` after every point."""
     saved = ctx.load_json("measurements.json") or {}
     points: dict[str, dict[str, Any]] = (
@@ -440,9 +442,9 @@ def _measure_point(
             return point
     generator = torch.Generator().manual_seed(config.seed + length)
     forward = forward_function(mode, name, length, dim, config, generator)
-    times = timings(forward, config.repeats, config.warmup)
-    point["seconds"] = statistics.median(times)
-    point["min_seconds"] = min(times)
+    wall, cpu = timings(forward, config.repeats, config.warmup)
+    point["seconds"] = statistics.median(wall)
+    point["cpu_seconds"] = statistics.median(cpu)
     if config.measure_memory:
         point["peak_bytes"] = peak_bytes(forward)
     return point
@@ -459,108 +461,134 @@ def _upper_slope(measured: list[tuple[int, float]]) -> float | None:
     return fit_slope([n for n, _ in upper], [s for _, s in upper])
 
 
+def _series(row: list[dict[str, Any]], sizes: list[int], field: str) -> list[tuple[int, float]]:
+    return [(n, p[field]) for n, p in zip(sizes, row, strict=True) if p.get(field) is not None]
+
+
+def _speedup(
+    own: list[tuple[int, float]], dense: list[tuple[int, float]]
+) -> tuple[int | None, float | None]:
+    """Dense time over own time at the largest size both were measured."""
+    dense_at = dict(dense)
+    both = [(n, dense_at[n] / t) for n, t in own if n in dense_at and t > 0]
+    return both[-1] if both else (None, None)
+
+
 def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
-    """Tables (time, memory, FLOPs, slopes), metrics and notes from the measured points."""
+    """Tables (slopes, wall and CPU time, memory, FLOPs), metrics and notes from the points."""
     names = model_names(config)
     sizes = sorted(config.sizes)
     size_cols = [f"L={n}" for n in sizes]
-    time_rows, memory_rows, flop_rows, slope_rows = [], [], [], []
+    slope_rows: list[list[Any]] = []
+    rows: dict[str, list[list[Any]]] = {
+        "seconds": [],
+        "cpu_seconds": [],
+        "peak_bytes": [],
+        "flops": [],
+    }
+    scale = {"seconds": 1e3, "cpu_seconds": 1e3, "peak_bytes": 2.0**-20, "flops": 1.0}
     metrics: dict[str, float] = {}
     for mode in config.modes:
         for dim in config.dims:
-            dense = [points.get(_key(mode, dim, "dense", n), {}).get("seconds") for n in sizes]
+            dense_row = [points.get(_key(mode, dim, "dense", n), {}) for n in sizes]
             for name in names:
                 row = [points.get(_key(mode, dim, name, n), {}) for n in sizes]
-                seconds = [p.get("seconds") for p in row]
                 label = [mode, dim, name]
-                time_rows.append(label + [None if s is None else 1e3 * s for s in seconds])
-                memory_rows.append(
-                    label
-                    + [
-                        None if p.get("peak_bytes") is None else p["peak_bytes"] / 2**20
-                        for p in row
-                    ]
-                )
-                flop_rows.append(label + [p.get("flops") for p in row])
-                measured = [(n, s) for n, s in zip(sizes, seconds, strict=True) if s is not None]
-                slope_all = fit_slope([n for n, _ in measured], [s for _, s in measured])
-                slope_upper = _upper_slope(measured)
-                minima = [p.get("min_seconds") for p in row]
-                slope_minima = _upper_slope(
-                    [(n, s) for n, s in zip(sizes, minima, strict=True) if s is not None]
-                )
-                both = [
-                    (n, d / s)
-                    for n, s, d in zip(sizes, seconds, dense, strict=True)
-                    if s is not None and d is not None
+                for field_name, table_rows in rows.items():
+                    table_rows.append(
+                        label
+                        + [
+                            None if p.get(field_name) is None else p[field_name] * scale[field_name]
+                            for p in row
+                        ]
+                    )
+                wall, cpu = _series(row, sizes, "seconds"), _series(row, sizes, "cpu_seconds")
+                slopes = [
+                    fit_slope([n for n, _ in wall], [t for _, t in wall]),
+                    _upper_slope(wall),
+                    fit_slope([n for n, _ in cpu], [t for _, t in cpu]),
+                    _upper_slope(cpu),
                 ]
-                speedup = both[-1][1] if both else None
-                largest = both[-1][0] if both else None
+                at_wall, speed_wall = _speedup(wall, _series(dense_row, sizes, "seconds"))
+                _, speed_cpu = _speedup(cpu, _series(dense_row, sizes, "cpu_seconds"))
+                largest = wall[-1][0] if wall else None
                 slope_rows.append(
                     [
                         *label,
-                        slope_all,
-                        slope_upper,
-                        slope_minima,
-                        measured[-1][0] if measured else None,
+                        *slopes,
                         largest,
-                        speedup,
+                        at_wall,
+                        speed_wall,
+                        speed_cpu,
                         PAPER_CLAIMS[family(name)],
                     ]
                 )
                 tag = f"{mode}_d{dim}_{name}"
-                if slope_upper is not None:
-                    metrics[f"slope_{tag}"] = slope_upper
-                if speedup is not None:
-                    metrics[f"speedup_vs_dense_{tag}"] = speedup
+                for key, value in (
+                    (f"slope_wall_{tag}", slopes[1]),
+                    (f"slope_cpu_{tag}", slopes[3]),
+                    (f"speedup_vs_dense_wall_{tag}", speed_wall),
+                    (f"speedup_vs_dense_cpu_{tag}", speed_cpu),
+                ):
+                    if value is not None:
+                        metrics[key] = value
     head = ["mode", "d", "model"]
+    timing = (
+        f"batch {config.batch}, torch.set_num_threads({config.threads}), median of "
+        f"{config.repeats} no-grad passes after {config.warmup} warm-up; – = skipped"
+    )
     tables = [
         Table(
             "Slopes and speed-ups",
             [
                 *head,
-                "slope (all)",
-                "slope (upper half)",
-                "slope of minima (upper half)",
+                "slope wall (all)",
+                "slope wall (upper half)",
+                "slope CPU (all)",
+                "slope CPU (upper half)",
                 "largest L",
                 "L for speed-up",
-                "dense time / model time",
+                "dense / model (wall)",
+                "dense / model (CPU)",
                 "paper (Figs. 6-7)",
             ],
             slope_rows,
-            caption="Fitted log-log slopes of forward time (median, and minimum of the repeats, "
-            "robust on a shared CPU) vs memory size; the upper half is the larger half of the "
-            "measured sizes (all when fewer than four); speed-up over dense (medians) at the "
-            "largest size both were measured.",
+            caption="Least-squares log-log slopes of forward time vs memory size, from wall time "
+            "and from process CPU time (which leaves out waiting for a core on a shared "
+            "machine); the upper half is the larger half of the measured sizes (all of them "
+            "below four); speed-ups over dense at the largest size both were measured.",
         ),
         Table(
-            "Forward time (ms, median)",
+            "Forward wall time (ms, median)",
             head + size_cols,
-            time_rows,
-            caption=f"batch {config.batch}, threads {config.threads}, median of "
-            f"{config.repeats} no-grad passes after {config.warmup} warm-up; – = skipped.",
+            rows["seconds"],
+            caption=timing + ".",
+        ),
+        Table(
+            "Forward CPU time (ms, median)",
+            head + size_cols,
+            rows["cpu_seconds"],
+            caption=timing + "; process CPU time.",
         ),
         Table(
             "Peak memory (MiB)",
             head + size_cols,
-            memory_rows,
+            rows["peak_bytes"],
             caption="Largest live allocations during one forward pass (inputs excluded).",
         ),
         Table(
             "Analytic FLOPs",
             head + size_cols,
-            flop_rows,
+            rows["flops"],
             caption="Algorithmic counts (see analytic_flops); dense and sparsemax differ only "
             "in the separation, linear and RF only in the feature map.",
         ),
     ]
+    skipped = [f"{k}: {p['skipped']}" for k, p in points.items() if p.get("skipped")]
     notes = [
-        f"torch {torch.__version__}, torch.set_num_threads({config.threads}); median wall time "
-        "on a CPU shared with other jobs, so single points can be noisy, slopes less so.",
-        "Skipped points: "
-        + "; ".join(f"{k}: {p['skipped']}" for k, p in points.items() if p.get("skipped"))
-        if any(p.get("skipped") for p in points.values())
-        else "No point was skipped.",
+        f"torch {torch.__version__}, torch.set_num_threads({config.threads}). Wall times on a "
+        "CPU shared with other jobs are inflated and noisy for long passes; CPU times are not.",
+        ("Skipped points: " + "; ".join(skipped)) if skipped else "No point was skipped.",
     ]
     return Results(tables=tables, metrics=metrics, notes=notes)
 
@@ -580,7 +608,7 @@ def _draw(
 
 
 def plot(config: Config, points: dict[str, dict[str, Any]], ctx: RunContext) -> list[str]:
-    """Figure 6 (time; random mask apart) and Figure 7 (FLOPs; and peak memory) as PNG files.
+    """Figure 6 (CPU time; random mask apart) and Figure 7 (FLOPs; peak memory) as PNG files.
 
     Legends give the fitted log-log slope of each line.
     """
@@ -607,8 +635,8 @@ def plot(config: Config, points: dict[str, dict[str, Any]], ctx: RunContext) -> 
         (
             "efficiency_time.png",
             [
-                ("seconds", "forward time (s)", plain),
-                ("seconds", "forward time (s), random mask", random),
+                ("cpu_seconds", "forward CPU time (s)", plain),
+                ("cpu_seconds", "forward CPU time (s), random mask", random),
             ],
         ),
         (
