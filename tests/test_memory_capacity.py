@@ -18,6 +18,7 @@ from hopfield.experiments.memory_capacity import (
     memory_sets,
     run_model,
     scores,
+    standardisation,
     throughput,
 )
 from hopfield.experiments.runner import load_record
@@ -160,6 +161,23 @@ def test_run_model_scores_each_step_count_and_traces_energy() -> None:
     assert none is None
 
 
+def test_standardised_models_retrieve_in_standard_units_and_score_in_pixels() -> None:
+    g = torch.Generator().manual_seed(3)
+    memories = torch.rand(2, 20, 16, generator=g)
+    queries = memories.clone()
+    queries[..., 8:] = 0
+    model = make_model("dense", "s", 0.5, 0, normalize=(0.2, 0.4))
+    outs, _ = run_model(model, queries, memories, (1,))
+    standard = (queries - 0.2) / 0.4, (memories - 0.2) / 0.4
+    expected = torch.softmax(0.5 * standard[0] @ standard[1].transpose(1, 2), -1) @ standard[1]
+    torch.testing.assert_close(outs[1], (expected * 0.4 + 0.2).clamp(0, 1))
+    assert standardisation("mnist", memories) == (0.1307, 0.3081)
+    mean, std = standardisation("digits", memories)
+    assert mean == pytest.approx(float(memories.mean())) and std == pytest.approx(
+        float(memories.std())
+    )
+
+
 def test_energy_trend_and_point() -> None:
     assert energy_trend({"a": -1.0, "b": 1e-7}, 1e-5)[3] is True
     assert energy_trend({"a": 1e-3}, 1e-5)[3] is False
@@ -188,11 +206,21 @@ def test_missing_data_fails_clearly_or_is_skipped(tmp_path: Path) -> None:
             overrides={
                 "datasets": '["digits", "cifar10"]',
                 "memory_sizes": "[10]",
+                "extra_betas": "[0.05]",
                 "throughput": "null",
             },
         )
     )
     assert any(note.startswith("cifar10 skipped") for note in record["results"]["notes"])
+    # The OutEffHop-study models run at β = 1 and at the extra β; the identity holds at both.
+    table = record["results"]["tables"][1]
+    columns = table["columns"]
+    betas = {
+        r[columns.index("β")] for r in table["rows"] if r[columns.index("study")] == "outeffhop"
+    }
+    assert betas == {1.0, 0.05}
+    identity = record["results"]["tables"][0]["rows"][1]
+    assert identity[3] is True and identity[2].startswith("2 of 2")
 
 
 def test_mnist_from_the_shared_data(shared_data: Path, tmp_path: Path) -> None:

@@ -62,6 +62,12 @@ EFFICIENT_MODELS = (
 )
 # β of the nonparametric study (its Figure 2 caption); other datasets use the MNIST value.
 EFFICIENT_BETAS = (("mnist", 0.01), ("fashion-mnist", 0.01), ("cifar10", 0.1), ("digits", 0.1))
+# Pixel standardisation of the nonparametric code (MNIST, CIFAR-10) and the usual Fashion-MNIST one.
+STANDARDISATION = {
+    "mnist": (0.1307, 0.3081),
+    "fashion-mnist": (0.2860, 0.3530),
+    "cifar10": (0.5, 0.5),
+}
 CRITERIA = ("cos", "rel", "nearest")
 COSINE_THRESHOLD = 0.2
 RELATIVE_THRESHOLD = 0.1
@@ -81,9 +87,12 @@ class Config:
         memory_sets: disjoint memory sets per point (fewer where the dataset is too small).
         steps: update-step counts at which the retrieval is scored.
         models: the OutEffHop-study models (at ``beta``).
-        beta: β of the OutEffHop study (1 in the paper).
+        beta: β of the OutEffHop study (1 in the paper); its trends are checked at this β.
+        extra_betas: further β at which the OutEffHop-study models are measured.
         efficient_models: the nonparametric-study models (at the dataset's efficient β).
         efficient_betas: ``(dataset, β)`` pairs of the nonparametric study.
+        efficient_normalize: the nonparametric study retrieves standardised pixels (as its code);
+            its outputs are mapped back to ``[0, 1]`` before scoring.
         energy_tolerance: relative energy rise tolerated in float32 when checking descent.
         throughput: ``(stored, queries, d)`` of the throughput benchmark, or ``None``.
         figure: draw the figure.
@@ -100,8 +109,10 @@ class Config:
     steps: tuple[int, ...] = (1, 3)
     models: tuple[str, ...] = OUTEFFHOP_MODELS
     beta: float = 1.0
+    extra_betas: tuple[float, ...] = (0.02,)
     efficient_models: tuple[str, ...] = EFFICIENT_MODELS
     efficient_betas: tuple[tuple[str, float], ...] = EFFICIENT_BETAS
+    efficient_normalize: bool = True
     energy_tolerance: float = 1e-5
     throughput: tuple[int, int, int] | None = None
     figure: bool = True
@@ -113,6 +124,7 @@ PRESETS = {
     "tiny": Config(
         datasets=("digits",),
         memory_sizes=(10, 30),
+        extra_betas=(),
         memory_sets=3,
         steps=(1, 2),
         throughput=(500, 500, 64),
@@ -143,10 +155,21 @@ class Model:
     separation: Separation
     structure: Structure | None
     beta: float
+    normalize: tuple[float, float] | None = None  # (mean, std) of the pixel standardisation
 
 
-def make_model(name: str, study: str, beta: float, seed: int) -> Model:
-    """The model called ``name`` (see the module docstring) in ``study`` at ``beta``."""
+def make_model(
+    name: str,
+    study: str,
+    beta: float,
+    seed: int,
+    normalize: tuple[float, float] | None = None,
+) -> Model:
+    """The model called ``name`` (see the module docstring) in ``study`` at ``beta``.
+
+    ``normalize = (mean, std)``: the model retrieves standardised pixels ``(x - mean) / std`` and
+    its output is mapped back to ``[0, 1]`` (as the nonparametric paper's code does).
+    """
     separations: dict[str, Callable[[], Separation]] = {
         "dense": Softmax,
         "outeffhop": lambda: SoftmaxN(1.0),
@@ -155,7 +178,7 @@ def make_model(name: str, study: str, beta: float, seed: int) -> Model:
         "entmax": lambda: Entmax(1.5),
     }
     if name in separations:
-        return Model(name, study, separations[name](), None, beta)
+        return Model(name, study, separations[name](), None, beta, normalize)
     kind, _, share = name.partition("-")
     structure: Structure
     if kind == "topk" and share.isdigit():
@@ -170,15 +193,31 @@ def make_model(name: str, study: str, beta: float, seed: int) -> Model:
         raise ValueError(
             f"unknown model {name!r}; known: {', '.join(sorted({*OUTEFFHOP_MODELS, *EFFICIENT_MODELS}))}"
         )
-    return Model(name, study, Softmax(), structure, beta)
+    return Model(name, study, Softmax(), structure, beta, normalize)
 
 
-def study_models(config: Any, dataset: str) -> list[Model]:
-    """The OutEffHop-study and nonparametric-study models of ``config`` for ``dataset``."""
+def standardisation(dataset: str, images: Tensor) -> tuple[float, float]:
+    """``(mean, std)`` of the nonparametric code for MNIST/CIFAR-10 (Fashion-MNIST: the usual
+    values), else the pixel mean and std of ``images``."""
+    if dataset in STANDARDISATION:
+        return STANDARDISATION[dataset]
+    return float(images.mean()), float(images.std())
+
+
+def study_models(config: Any, dataset: str, images: Tensor) -> list[Model]:
+    """The OutEffHop-study models (at ``beta`` and every ``extra_betas``) and the
+    nonparametric-study models (at the dataset's β, on standardised pixels if
+    ``efficient_normalize``) of ``config`` for ``dataset``."""
     efficient_beta = dict(config.efficient_betas).get(dataset, dict(EFFICIENT_BETAS)["mnist"])
-    models = [make_model(n, "outeffhop", config.beta, config.seed) for n in config.models]
+    models = [
+        make_model(n, "outeffhop", beta, config.seed)
+        for beta in dict.fromkeys((config.beta, *config.extra_betas))
+        for n in config.models
+    ]
+    normalize = standardisation(dataset, images) if config.efficient_normalize else None
     models += [
-        make_model(n, "nonparametric", efficient_beta, config.seed) for n in config.efficient_models
+        make_model(n, "nonparametric", efficient_beta, config.seed, normalize)
+        for n in config.efficient_models
     ]
     return models
 
@@ -250,6 +289,9 @@ def run_model(
     ``queries``/``memories``: ``(B, M, d)``. The energy is traced for models that have one (dense
     structure and a separation with a convex potential); the rise is ``None`` otherwise.
     """
+    if model.normalize is not None:
+        mean, std = model.normalize
+        queries, memories = (queries - mean) / std, (memories - mean) / std
     x, done = queries, 0
     outs: dict[int, Tensor] = {}
     rise: float | None = None
@@ -267,7 +309,7 @@ def run_model(
             relative = (trace[1:] - trace[:-1]).amax() / (1 + trace.abs().amax())
             rise = max(rise if rise is not None else -math.inf, float(relative))
         x, done = result.patterns, count
-        outs[count] = x
+        outs[count] = x if model.normalize is None else (x * std + mean).clamp(0, 1)
     return outs, rise
 
 
@@ -326,7 +368,7 @@ def sweep(
         memories = images[index].flatten(-3)
         queries = corrupt(images[index], kind, sigma, generator)
         points, rises = [], {}
-        for model in study_models(config, name):
+        for model in study_models(config, name, images):
             outs, rise = run_model(model, queries, memories, config.steps)
             if rise is not None:
                 rises[f"{model.study}/{model.name}"] = rise
@@ -405,7 +447,9 @@ def identity_trend(points: Sequence[Point]) -> list[Any]:
     pairs = 0
     differ = 0
     for p in select(points, model="outeffhop", steps=1):
-        for q in select(points, model="dense", study="outeffhop", steps=1, dataset=p.dataset):
+        for q in select(
+            points, model="dense", study="outeffhop", steps=1, dataset=p.dataset, beta=p.beta
+        ):
             if (q.query, q.size, q.sigma) == (p.query, p.size, p.sigma):
                 pairs += 1
                 differ += int(
@@ -429,12 +473,13 @@ def draw_sweep(path: str, points: Sequence[Point], axis: str, steps: int, title:
     studies = sorted({p.study for p in points})
     datasets = sorted({p.dataset for p in points})
     queries = sorted({p.query for p in points})
-    panels = [(s, d, q) for s in studies for d in datasets for q in queries]
+    betas = {s: sorted({p.beta for p in points if p.study == s}) for s in studies}
+    panels = [(s, b, d, q) for s in studies for b in betas[s] for d in datasets for q in queries]
     fig, axes = plt.subplots(
         len(panels), len(CRITERIA), figsize=(4.2 * len(CRITERIA), 3.2 * len(panels)), squeeze=False
     )
-    for row, (study, dataset, query) in enumerate(panels):
-        chosen = select(points, study=study, dataset=dataset, query=query, steps=steps)
+    for row, (study, beta, dataset, query) in enumerate(panels):
+        chosen = select(points, study=study, beta=beta, dataset=dataset, query=query, steps=steps)
         for col, criterion in enumerate(CRITERIA):
             ax = axes[row][col]
             for model in dict.fromkeys(p.model for p in chosen):
@@ -456,7 +501,6 @@ def draw_sweep(path: str, points: Sequence[Point], axis: str, steps: int, title:
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel("memory size M" if axis == "M" else "noise σ")
             ax.set_ylabel(f"success ({criterion})")
-            beta = chosen[0].beta if chosen else math.nan
             ax.set_title(f"{dataset}, {query}, {study} (β={beta:g})", fontsize=9)
             if col == 0:
                 ax.legend(fontsize=7)
@@ -511,7 +555,11 @@ def capacity_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
     top = max(config.steps)
     for dataset in sorted({p.dataset for p in points}):
         for query in sorted({p.query for p in points}):
-            chosen = select(points, dataset=dataset, query=query)
+            chosen = [
+                p
+                for p in select(points, dataset=dataset, query=query)
+                if p.study != "outeffhop" or p.beta == config.beta
+            ]
             if not chosen:
                 continue
             largest = max(p.size for p in chosen)

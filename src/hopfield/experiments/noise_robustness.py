@@ -32,7 +32,7 @@ from hopfield.experiments.results import Results, RunContext, Table
 
 @dataclass
 class Config:
-    """Settings of the noise-robustness experiment (fields as in ``memory-capacity``).
+    """Settings of the noise-robustness experiment (other fields as in ``memory-capacity``).
 
     Attributes:
         memory_size: the fixed number of stored images M.
@@ -48,8 +48,10 @@ class Config:
     steps: tuple[int, ...] = (1, 3)
     models: tuple[str, ...] = OUTEFFHOP_MODELS
     beta: float = 1.0
+    extra_betas: tuple[float, ...] = (0.02,)
     efficient_models: tuple[str, ...] = EFFICIENT_MODELS
     efficient_betas: tuple[tuple[str, float], ...] = EFFICIENT_BETAS
+    efficient_normalize: bool = True
     energy_tolerance: float = 1e-5
     figure: bool = True
     threads: int | None = 1
@@ -61,6 +63,7 @@ PRESETS = {
         datasets=("digits",),
         memory_size=20,
         noise_stds=(0.1, 1.0),
+        extra_betas=(),
         memory_sets=3,
         steps=(1, 2),
         figure=False,
@@ -79,7 +82,11 @@ def noise_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
     rows: list[list[Any]] = []
     top = max(config.steps)
     for dataset in sorted({p.dataset for p in points}):
-        chosen = select(points, dataset=dataset)
+        chosen = [
+            p
+            for p in select(points, dataset=dataset)
+            if p.study != "outeffhop" or p.beta == config.beta
+        ]
         if not chosen:
             continue
         sigmas = sorted({p.sigma for p in chosen})

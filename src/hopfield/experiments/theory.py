@@ -418,14 +418,15 @@ def check_theorem_32(config: Config, generator: torch.Generator) -> Check:
     violations = trials = 0
     margin = math.inf
     for beta, radius in _grid((0.5, 2.0, 8.0), (0.5, 1.0, 2.0)):
-        memories = sphere(generator, config.trials * 4, 20, 16, radius=radius)
+        size = 20
+        memories = sphere(generator, config.trials * 4, size, 16, radius=radius)
         r = separation_radius(memories)
         x = memories[:, :1] + (0.5 * r)[:, None, None] * sphere(generator, config.trials * 4, 1, 16)
         out = one_step(x, memories, beta, SoftmaxN(1.0), None)[:, 0]
         scores = (memories @ x.transpose(-1, -2))[..., 0]
         gap = scores[:, 0] - scores[:, 1:].amax(-1)
         s = torch.exp(beta * scores).sum(-1)
-        bound = s / (1 + s) * 2 * radius * 19 * torch.exp(-beta * gap)
+        bound = s / (1 + s) * 2 * radius * (size - 1) * torch.exp(-beta * gap)
         error = (out - memories[:, 0]).norm(dim=-1)
         violations += int((error > bound).sum())
         trials += error.numel()
