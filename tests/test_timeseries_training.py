@@ -64,7 +64,8 @@ def test_fit_learns_and_restores_the_best_epoch() -> None:
     best = min(h["val_mse"] for h in result.history)
     assert result.val["mse"] == pytest.approx(best, rel=1e-5)
     assert result.history[result.best_epoch - 1]["val_mse"] == best
-    assert result.seconds_per_epoch > 0 and result.epochs_run == 4
+    assert result.seconds_per_epoch > 0 and result.cpu_seconds_per_epoch > 0
+    assert result.epochs_run == 4 and result.to_dict()["cpu_seconds_per_epoch"] > 0
 
 
 def test_early_stopping_counts_patience() -> None:

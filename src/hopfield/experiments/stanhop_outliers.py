@@ -361,6 +361,7 @@ def run(config: Config, ctx: RunContext) -> Results:
             best_epoch=result.best_epoch,
             epochs_run=result.epochs_run,
             seconds_per_epoch=result.seconds_per_epoch,
+            cpu_seconds_per_epoch=result.cpu_seconds_per_epoch,
         )
         runs[key] = record
         ctx.save_json("runs.json", runs)
