@@ -991,6 +991,7 @@ def _curve_figure(
                     steps,
                     values,
                     color="C0" if variant == pair[0] else "C1",
+                    linestyle="-" if variant == pair[0] else "--",
                     alpha=0.8,
                     label=VARIANT_NAMES.get(variant, variant) if i == 0 else None,
                 )
