@@ -15,7 +15,7 @@ sum of live allocations during one extra forward pass (from the PyTorch profiler
 events, inputs and parameters excluded); FLOPs are analytic counts of the algorithm
 (:func:`analytic_flops`). Slopes are least-squares fits of ``log time`` against ``log L`` (over
 all sizes and over the upper half). A model stops growing once its predicted next time
-exceeds ``max_seconds`` or its predicted peak memory ``max_bytes``.
+exceeds ``max_seconds`` (CPU time) or its predicted peak memory ``max_bytes``.
 
 Models: ``dense`` (softmax), ``sparsemax``, ``topk`` (``topk_fraction`` of the memories kept),
 ``random-p`` for each mask probability ``p`` (the share masked *out*, the paper's "probability"),
@@ -82,7 +82,7 @@ class Config:
         repeats: timed forward passes per point (the median is reported).
         warmup: untimed passes before timing.
         threads: ``torch.set_num_threads`` during the measurements.
-        max_seconds: stop growing a model once its predicted time per pass exceeds this.
+        max_seconds: stop growing a model once its predicted CPU time per pass exceeds this.
         max_bytes: stop growing a model once its predicted peak memory exceeds this.
         measure_memory: also record the peak memory (one extra profiled pass per point).
         seed: seed of the inputs and of the random structures.
@@ -410,7 +410,9 @@ def measure(
                     if log is not None:
                         log(f"{key}: {point}")
                 if point["seconds"] is not None:
-                    previous = (length, point["seconds"], point["peak_bytes"] or 0.0)
+                    # The guard uses CPU time: on a shared machine wall time overstates the work.
+                    spent = point.get("cpu_seconds", point["seconds"])
+                    previous = (length, spent, point["peak_bytes"] or 0.0)
     finally:
         torch.set_num_threads(threads)
     return points
@@ -435,7 +437,7 @@ def _measure_point(
         last_length, last_seconds, last_bytes = previous
         growth = (length / last_length) ** (2 if family(name) in QUADRATIC else 1.5)
         if last_seconds * growth > config.max_seconds:
-            point["skipped"] = f"predicted {last_seconds * growth:.1f} s > max_seconds"
+            point["skipped"] = f"predicted {last_seconds * growth:.1f} CPU s > max_seconds"
             return point
         if last_bytes * growth > config.max_bytes:
             point["skipped"] = f"predicted {last_bytes * growth / 2**30:.1f} GiB > max_bytes"
