@@ -219,16 +219,17 @@ def test_random_mask_equals_dense_with_its_mask(separation, k_count) -> None:
     assert_same(out, ref, (q, k, v))
 
 
-def test_random_mask_priority_sampler_with_padding_and_causal() -> None:
+@pytest.mark.parametrize("fraction", [0.5, 0.8])  # keep the largest / drop the smallest priorities
+def test_random_mask_priority_sampler_with_padding_and_causal(fraction: float) -> None:
     q, k, v = patterns(b=2, length=10, size=10)
     padding = torch.ones(2, 1, 1, 10, dtype=torch.bool)
     padding[1, ..., 6:] = False
-    structure = RandomMask(fraction=0.5, seed=0).eval()
+    structure = RandomMask(fraction=fraction, seed=0).eval()
     allowed = support_of(structure, q, k, v, mask=padding, causal=True)
     visible = padding & causal_allowed(10, 10)
     assert not (allowed & ~visible).any()
     expected = torch.minimum(
-        torch.clamp((visible.sum(-1).double() * 0.5).floor().long(), min=1), visible.sum(-1)
+        torch.clamp((visible.sum(-1).double() * fraction).floor().long(), min=1), visible.sum(-1)
     )
     assert torch.equal(allowed.sum(-1), expected.expand_as(allowed.sum(-1)))
     out, _ = structure(
@@ -311,6 +312,7 @@ def test_random_mask_inclusion_is_uniform_in_both_samplers() -> None:
         (RandomMask(2, seed=0), None),
         (RandomMask(6, seed=0), None),
         (RandomMask(2, seed=0), torch.ones(1, 1, 1, 16, dtype=torch.bool)),
+        (RandomMask(12, seed=0), torch.ones(1, 1, 1, 16, dtype=torch.bool)),  # drops 4
     ):
         allowed = support_of(structure, q, k, v, mask=mask)
         freq = allowed.double().mean(dim=(0, 1, 2))

@@ -460,7 +460,8 @@ class RandomMask(_GatheredStructure):
     paper's "mask probability" p is ``1 - fraction``).
 
     Sampling: Floyd's algorithm (``O(L · k²)``, no ``L × S`` work) when no mask is given and
-    ``k² <= 4 S``; otherwise the ``k`` largest of uniform random priorities over the allowed keys.
+    ``k² <= 4 S``; otherwise uniform random priorities over the allowed keys, keeping the ``k``
+    largest, or, when most keys are kept, dropping the ``n - k`` smallest.
 
     Randomness and modes:
 
@@ -650,7 +651,25 @@ class RandomMask(_GatheredStructure):
         n = allowed.sum(-1)
         count = torch.minimum(support_size(n, self.k, self.fraction), n)
         slots = max(int(count.max()), 1)
-        priority = self._rand((batch, heads, rows, size), device).masked_fill(~allowed, -1.0)
+        priority = self._rand((batch, heads, rows, size), device)
+        excluded = n - count
+        most_excluded = int(excluded.max())
+        if forced is None and most_excluded < slots:
+            # Most keys are kept: draw the excluded ones (the smallest priorities), a smaller top-k.
+            drop = torch.zeros_like(allowed)
+            if most_excluded > 0:
+                low = priority.masked_fill(~allowed, 2.0).topk(most_excluded, dim=-1, largest=False)
+                dropped = torch.arange(most_excluded, device=device) < excluded.unsqueeze(-1)
+                drop = drop.scatter(-1, low.indices, dropped)
+            kept = allowed & ~drop
+            # Kept key j goes to slot (number of kept keys before j); the rest to a spare slot.
+            slot = torch.where(kept, kept.cumsum(-1) - 1, torch.full_like(n, slots).unsqueeze(-1))
+            keys = torch.arange(size, device=device).expand(batch, heads, rows, size)
+            idx = torch.zeros(batch, heads, rows, slots + 1, dtype=torch.int64, device=device)
+            idx = idx.scatter(-1, slot, keys)[..., :slots]
+            keep = torch.arange(slots, device=device) < count.unsqueeze(-1)
+            return idx, (None if bool(keep.all()) else keep), None
+        priority = priority.masked_fill(~allowed, -1.0)
         if forced is not None:
             priority = priority.scatter(-1, forced.unsqueeze(-1), 2.0)
             count = count.clamp_min(1)
