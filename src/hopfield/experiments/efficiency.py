@@ -120,7 +120,7 @@ class Config:
 
 PRESETS = {
     "tiny": Config(
-        sizes=[32, 64, 128],
+        sizes=[32, 64],
         dims=[16],
         modes=["association", "layer"],
         models=[
