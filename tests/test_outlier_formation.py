@@ -252,6 +252,7 @@ def test_points_over_budget_are_skipped(tmp_path: Path) -> None:
     assert rows[0][2] == "no" and rows[1][2] == "skipped" and rows[1][-1] > 1e-9
     assert results["metrics"]["configs_skipped"] == 1
     assert len(results["tables"]) == 1  # compare=false: search only
+    assert not any("comparison" in note for note in results["notes"])
     search = json.loads((path.parent / "search.json").read_text())
     assert search[0]["verdict"]["within_budget"] is False
 

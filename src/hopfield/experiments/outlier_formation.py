@@ -1049,12 +1049,14 @@ def _run(config: Config, ctx: RunContext) -> Results:
             f"No grid point formed outliers by the criterion ({len(trained)} trained): a null "
             "result at this budget; every point tried is in the search table."
         )
-        if config.compare_best_if_none and trained:
-            chosen = max(trained, key=lambda e: _outlier_score(e, config.criterion))
-            results.notes.append(
-                f"The comparison below uses the most outlier-prone point tried, {chosen['name']}, "
-                "which did NOT meet the criterion."
-            )
+        if trained:
+            best = max(trained, key=lambda e: _outlier_score(e, config.criterion))
+            results.notes.append(f"Most outlier-prone point tried: {best['name']}.")
+            if config.compare_best_if_none and config.compare:
+                chosen = best
+                results.notes.append(
+                    f"The comparison below uses {best['name']}, which did NOT meet the criterion."
+                )
     if chosen is None or not config.compare:
         return results
     recipe = replace(config, grid={}, **chosen["overrides"])
