@@ -257,6 +257,15 @@ def test_points_over_budget_are_skipped(tmp_path: Path) -> None:
     assert search[0]["verdict"]["within_budget"] is False
 
 
+def test_schedule_reaches_the_trainer(tmp_path: Path) -> None:
+    overrides = {"schedule": '"constant"', "grid": '{"steps": [4]}', "compare": "false"}
+    path = run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides=overrides, progress=False
+    )
+    log = (path.parent / "runs" / "search" / "000" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["lr"] for line in log] == [1e-3, 1e-3]  # no decay
+
+
 def test_split_sentences() -> None:
     lines = [" = Title = ", " A b . C d , e . F", ""]
     assert of.split_sentences(lines) == ["= Title =", "A b .", "C d , e .", "F"]

@@ -246,7 +246,8 @@ class Config:
     ``clip_gamma`` (clipped variants; ``None`` = the OPT default ``-12 / seq_len``).
 
     Optimisation (:class:`hopfield.training.TrainingConfig`): ``steps``, ``batch_size``, ``lr``,
-    ``warmup_fraction`` (linear warm-up then linear decay), ``weight_decay``,
+    ``schedule`` (after a linear warm-up of ``warmup_fraction · steps``: ``"linear"`` decay to 0,
+    ``"cosine"`` or ``"constant"``), ``weight_decay``,
     ``ln_weight_decay`` (also decay LayerNorm gains, OPT's ``--wd_LN_gamma``), ``grad_clip``.
 
     Evaluation: ``eval_batch_size``, ``calibration_batches`` (W8A8 ranges, training batches),
@@ -293,6 +294,7 @@ class Config:
     steps: int = 2000
     batch_size: int = 32
     lr: float = 1e-3
+    schedule: str = "linear"
     warmup_fraction: float = 0.05
     weight_decay: float = 0.1
     ln_weight_decay: bool = True
@@ -353,6 +355,7 @@ GRID_FIELDS = (
     "pre_ln",
     "dropout",
     "lr",
+    "schedule",
     "weight_decay",
     "ln_weight_decay",
     "delimiter_rate",
@@ -723,7 +726,7 @@ def train_and_evaluate(
         batch_size=config.batch_size,
         lr=config.lr,
         weight_decay=config.weight_decay,
-        schedule="linear",
+        schedule=config.schedule,
         warmup_steps=int(config.warmup_fraction * config.steps),
         grad_clip=config.grad_clip or None,
         decay_norm_weights=config.ln_weight_decay,
