@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hopfield.functional import Softmax, SoftmaxN, Sparsemax
+from hopfield.functional import Entmax, Softmax, SoftmaxN, Sparsemax
 from hopfield.nn import (
     GatedAttention,
     Hopfield,
@@ -245,6 +245,16 @@ def test_state_dict_round_trip_and_reset_parameters() -> None:
     before = hop.q_proj.weight.clone()  # type: ignore[union-attr]
     hop.reset_parameters()
     assert not torch.equal(before, hop.q_proj.weight)  # type: ignore[union-attr]
+
+
+def test_reset_parameters_resets_a_learnable_separation() -> None:
+    hop = Hopfield(D, HEADS, separation=Entmax(1.5, learnable=True, num_heads=HEADS))
+    sep = hop.separation
+    assert isinstance(sep, Entmax) and sep.alpha_logit is not None
+    with torch.no_grad():
+        sep.alpha_logit.fill_(3.0)
+    hop.reset_parameters()
+    assert torch.allclose(torch.as_tensor(sep.alpha), torch.full((HEADS, 1, 1), 1.5))
 
 
 def test_factory_arguments() -> None:

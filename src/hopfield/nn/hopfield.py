@@ -261,7 +261,8 @@ class Hopfield(nn.Module):
             self.register_buffer("scale", initial)
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections with zero biases, unit LayerNorms, the initial scale."""
+        """Xavier-uniform projections with zero biases, unit LayerNorms, the initial scale; the
+        separation, structure and gate reset their own parameters (e.g. a learnable alpha)."""
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             if proj is not None:
                 nn.init.xavier_uniform_(proj.weight)
@@ -278,8 +279,10 @@ class Hopfield(nn.Module):
                 norm.reset_parameters()
         with torch.no_grad():
             self.scale.copy_(torch.tensor(self._initial_scale, dtype=self.scale.dtype))
-        if self.gate is not None:
-            self.gate.reset_parameters()
+        for part in (self.separation, self.structure, self.gate):
+            reset = getattr(part, "reset_parameters", None)
+            if callable(reset):
+                reset()
 
     # ------------------------------------------------------------------------------------------
 
