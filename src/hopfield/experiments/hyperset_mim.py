@@ -65,7 +65,7 @@ class Config:
 PRESETS = {
     "tiny": Config(codebook_size=8, kmeans_iterations=5, d_model=16, num_heads=2, iterations=2,
                    epochs=1, batch_size=256),
-    "small": Config(),
+    "small": Config(epochs=15),
     "paper": Config(dataset="imagenet100", grid=16, codebook_size=1024, d_model=768,
                     num_heads=12, iterations=12, epochs=300, batch_size=256, lr=1e-4, threads=0),
 }  # fmt: skip
