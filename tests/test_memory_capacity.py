@@ -66,6 +66,10 @@ def test_tiny_run_measures_every_model_and_the_exact_claims_hold(tiny: tuple[Pat
     for row in points["rows"]:
         for name in ("success cos", "success rel", "success nearest"):
             assert 0.0 <= row[columns.index(name)] <= 1.0
+    metrics = record["results"]["metrics"]
+    assert metrics["trends_checked"] == len(rows)
+    assert metrics["trends_holding"] == sum(bool(row[3]) for row in rows)
+    assert metrics["throughput_ratio"] > 0
     throughput_table = record["results"]["tables"][2]
     assert throughput_table["rows"][0][-1] > 0
 
