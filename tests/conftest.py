@@ -11,6 +11,12 @@ import torch
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread() -> None:
+    """Tests use small tensors: one thread avoids oversubscribing a shared 2-core machine."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic() -> None:
     torch.manual_seed(0)
