@@ -262,3 +262,34 @@ def test_bad_arguments(tmp_path: Path) -> None:
 def test_no_clipping_reports_the_gradient_norm(tmp_path: Path) -> None:
     result = trainer(tmp_path, grad_clip=None, max_steps=2, log_every=1).fit()
     assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in result.log)
+
+
+def test_bf16_mixed_precision_in_a_fresh_process(tmp_path: Path) -> None:
+    """accelerate keeps one precision per process, so this runs in a subprocess."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from torch import nn
+from hopfield.training import Trainer, TrainingConfig
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+data = [(x, x.sum(0, keepdim=True)) for x in torch.randn(64, 4)]
+def loss_fn(model, batch):
+    x, y = batch
+    inner = model[0](x)
+    assert inner.dtype == torch.bfloat16, inner.dtype
+    return ((model(x).float() - y) ** 2).mean()
+config = TrainingConfig(max_steps=4, batch_size=8, lr=1e-2, mixed_precision="bf16", cpu=True,
+                        log_every=2)
+result = Trainer(model, data, loss_fn, config, {str(tmp_path)!r}, progress=False).fit()
+assert result.finished and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.log)
+assert next(model.parameters()).dtype == torch.float32  # master weights stay float32
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")

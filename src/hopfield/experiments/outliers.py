@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 FAMILIES = ("bert", "opt", "vit")
+DISPLAY = {"bert": "BERT", "opt": "OPT", "vit": "ViT"}
 
 #: Table 1's rows: (label, attention variant of :mod:`hopfield.integrations`).
 VARIANT_ROWS: tuple[tuple[str, str], ...] = (
@@ -983,7 +984,7 @@ for _family in FAMILIES:
     register(
         Experiment(
             name=f"outliers-{_family}",
-            summary=f"The outlier study for {_family.upper()} only (= outliers --set model={_family})",
+            summary=f"The outlier study for {DISPLAY[_family]} only (= outliers --set model={_family})",
             presets=_presets(_family, {"tiny": 1, "small": 3}),
             run=run,
             paper="Table 1 and Figures 2-4 of OutEffHop (Hu et al., 2024)",
