@@ -150,7 +150,7 @@ PRESETS = {
         max_seconds=3.0,
     ),
     "paper": Config(
-        sizes=[24, 48, 96, 192, 336, 720, 1440, 2880, 5760, 11520, 23040],
+        sizes=[*PAPER_SIZES, 5760, 11520, 23040],
         dims=[16, 64],
         modes=["association", "layer"],
         models=[
@@ -382,9 +382,7 @@ def _key(mode: str, dim: int, name: str, length: int) -> str:
     return f"{mode}|{dim}|{name}|{length}"
 
 
-def measure(
-    config: Config, ctx: RunContext, log: Callable[[str], None] | None = None
-) -> dict[str, dict[str, Any]]:
+def measure(config: Config, ctx: RunContext) -> dict[str, dict[str, Any]]:
     """All points ``{key: {"seconds", "cpu_seconds", "peak_bytes", "flops", "skipped"}}`` (wall
     and CPU medians), resumed from and saved
     to ``measurements.json`` in ``ctx.out_dir`` after every point."""
@@ -407,8 +405,6 @@ def measure(
                     point = _measure_point(mode, name, length, dim, config, previous)
                     points[key] = point
                     ctx.save_json("measurements.json", {"config": asdict(config), "points": points})
-                    if log is not None:
-                        log(f"{key}: {point}")
                 if point["seconds"] is not None:
                     # The guard uses CPU time: on a shared machine wall time overstates the work.
                     spent = point.get("cpu_seconds", point["seconds"])
