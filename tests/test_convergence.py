@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -236,3 +237,13 @@ def test_absent_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         run(config, RunContext(out_dir=tmp_path / "a", progress=False))
     with pytest.raises(TypeError, match="config"):
         run(object(), RunContext(out_dir=tmp_path / "b", progress=False))  # type: ignore[arg-type]
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "convergence.md"
+
+
+def test_documentation_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    assert blocks
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/convergence.md[python block {i}]", "exec"), {})
