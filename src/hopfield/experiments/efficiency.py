@@ -594,6 +594,10 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
 def _draw(
     ax: Any, series: dict[str, tuple[list[int], list[float]]], title: str, ylabel: str
 ) -> None:
+    from matplotlib import colormaps
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_prop_cycle(color=colormaps["tab20"].colors)  # up to 20 distinct lines
     for name, (xs, ys) in series.items():
         slope = fit_slope(xs, ys)
         label = f"{name} ({slope:.2f})" if slope is not None else name
@@ -603,6 +607,7 @@ def _draw(
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=6)
     ax.grid(True, alpha=0.3)
+    ax.xaxis.set_minor_formatter(NullFormatter())  # keep only the decade labels
 
 
 def plot(config: Config, points: dict[str, dict[str, Any]], ctx: RunContext) -> list[str]:
