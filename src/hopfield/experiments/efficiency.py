@@ -597,7 +597,7 @@ def _draw(
     from matplotlib import colormaps
     from matplotlib.ticker import NullFormatter
 
-    ax.set_prop_cycle(color=colormaps["tab20"].colors)  # up to 20 distinct lines
+    ax.set_prop_cycle(color=[colormaps["tab20"](i / 19) for i in range(20)])  # 20 distinct lines
     for name, (xs, ys) in series.items():
         slope = fit_slope(xs, ys)
         label = f"{name} ({slope:.2f})" if slope is not None else name
