@@ -463,28 +463,35 @@ def _figure(ctx: RunContext, curves: dict[str, dict[str, list[dict[str, Any]]]])
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
+    panels = (
+        ("loss", (("train_loss", "-", "train"), ("test_loss", "--", "test"))),
+        ("test accuracy", (("test_accuracy", "-", ""),)),
+    )
     fig, axes = plt.subplots(len(curves), 2, figsize=(10, 3.6 * len(curves)), squeeze=False)
     for row, (dataset, runs) in enumerate(curves.items()):
-        for col, (metric, label) in enumerate(
-            (("train_loss", "training loss"), ("test_accuracy", "test accuracy"))
-        ):
+        for col, (label, lines) in enumerate(panels):
             ax = axes[row][col]
-            for key, rs in runs.items():
-                length = min((len(r[metric]) for r in rs), default=0)
-                if length == 0:
-                    continue
-                values = torch.tensor([r[metric][:length] for r in rs], dtype=torch.float64)
-                mean = values.mean(0)
-                std = values.std(0) if len(rs) > 1 else torch.zeros_like(mean)
-                epochs = torch.arange(1, length + 1)
-                ax.plot(epochs, mean, marker="o", markersize=3, label=MODELS[key][0])
-                ax.fill_between(epochs, mean - std, mean + std, alpha=0.2)
+            for index, (key, rs) in enumerate(runs.items()):
+                color = f"C{index}"
+                for metric, style, suffix in lines:
+                    length = min((len(r[metric]) for r in rs), default=0)
+                    if length == 0:
+                        continue
+                    values = torch.tensor([r[metric][:length] for r in rs], dtype=torch.float64)
+                    mean = values.mean(0)
+                    std = values.std(0) if len(rs) > 1 else torch.zeros_like(mean)
+                    epochs = torch.arange(1, length + 1)
+                    name = f"{MODELS[key][0]} {suffix}".strip()
+                    ax.plot(epochs, mean, style, color=color, marker="o", markersize=3, label=name)
+                    ax.fill_between(epochs, mean - std, mean + std, color=color, alpha=0.2)
             ax.set_title(f"{dataset}: {label}")
             ax.set_xlabel("epoch")
             ax.set_ylabel(label)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(fontsize="small")
     fig.tight_layout()
     name = "convergence.png"
     fig.savefig(ctx.path(name), dpi=120)
