@@ -16,15 +16,6 @@ D = torch.float64
 NO = {"causal": False, "dropout": 0.0, "return_weights": False}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one thread avoids the cost of thread hand-offs on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def patterns(b: int = 2, h: int = 3, length: int = 11, size: int = 11, e: int = 4, ev: int = 5):
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(b, h, length, e, dtype=D, generator=gen, requires_grad=True)

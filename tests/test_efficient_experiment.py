@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,14 +27,6 @@ from hopfield.experiments.runner import load_record
 from hopfield.functional import Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK, Window
 from hopfield.functional.efficient_kernel import RandomFeatures
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_fit_slope_recovers_power_laws() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -38,16 +37,6 @@ ENERGIES = [
     PolynomialEnergy(10),
     PolynomialEnergy(3),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: these small products run hundreds of times slower with a 2-thread pool
-    on a busy machine (measured: 73 ms vs 0.13 ms per small retrieval at load 16)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sphere(generator: torch.Generator, count: int, dim: int, radius: float) -> torch.Tensor:

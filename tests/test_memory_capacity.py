@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,6 @@ from hopfield.experiments.runner import load_record
 from hopfield.functional import Polynomial, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: these small products run hundreds of times slower with a 2-thread pool
-    on a busy machine (measured: 73 ms vs 0.13 ms per small retrieval at load 16)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def trend_rows(record: dict) -> list[list]:

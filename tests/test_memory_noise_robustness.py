@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import torch
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.runner import load_record
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: these small products run hundreds of times slower with a 2-thread pool
-    on a busy machine (measured: 73 ms vs 0.13 ms per small retrieval at load 16)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_tiny_noise_sweep(tmp_path: Path) -> None:

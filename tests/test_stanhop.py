@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -68,14 +67,6 @@ def test_clipped_outeffhop_and_bad_kind() -> None:
     assert (sep.gamma, sep.zeta) == (-0.1, 1.1)
     with pytest.raises(ValueError, match="kind"):
         Association("softmax2")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_net(kind: str = "gsh", **kwargs: Any) -> STanHopNet:

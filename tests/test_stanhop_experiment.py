@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import torch
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.stanhop_outliers import (
@@ -17,14 +13,6 @@ from hopfield.experiments.stanhop_outliers import (
     top_two_count,
 )
 from hopfield.nn.stanhop import ASSOCIATION_KINDS
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_paper_table2_and_the_25_of_30_claim() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,16 +18,6 @@ from hopfield.experiments.theory import (
     separation_threshold,
     well_separated,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: these small products run hundreds of times slower with a 2-thread pool
-    on a busy machine (measured: 73 ms vs 0.13 ms per small retrieval at load 16)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

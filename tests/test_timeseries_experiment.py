@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from hopfield.experiments.timeseries_hopfield import (
 from hopfield.functional.efficient import TopK, Window
 from hopfield.functional.structures import Dense
 from hopfield.nn.forecasting import HopfieldForecaster
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -13,14 +13,6 @@ from hopfield.data.timeseries import load_forecasting
 from hopfield.nn.forecasting import TrainConfig, evaluate, fit, learning_rate
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Flat(nn.Module):
     """A linear forecaster ``(B, T, C) -> (B, τ, C)``."""
 
