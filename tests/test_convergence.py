@@ -12,7 +12,15 @@ import torch
 
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments import run_experiment
-from hopfield.experiments.convergence import MODELS, PAPER_TABLE3, PRESETS, Config, build_model, run
+from hopfield.experiments.convergence import (
+    MODELS,
+    PAPER_TABLE3,
+    PRESETS,
+    Config,
+    _claim_note,
+    build_model,
+    run,
+)
 from hopfield.experiments.results import RunContext
 from hopfield.functional import Softmax, SoftmaxN, Sparsemax
 from hopfield.nn.vision import (
@@ -247,3 +255,18 @@ def test_documentation_examples_run() -> None:
     assert blocks
     for i, block in enumerate(blocks):
         exec(compile(block, f"docs/convergence.md[python block {i}]", "exec"), {})
+
+
+def test_claim_note_verdicts() -> None:
+    def runs(*areas: list[float]) -> dict[str, list[dict[str, object]]]:
+        return {
+            key: [{"test_accuracy": [a, a]} for a in values]
+            for key, values in zip(("dense", "sparse", "outeffhop"), areas, strict=True)
+        }
+
+    assert "claim: holds at" in str(_claim_note("d", runs([0.5, 0.52], [0.4, 0.41], [0.7, 0.71])))
+    close = _claim_note("d", runs([0.70, 0.72], [0.4, 0.41], [0.71, 0.715]))
+    assert "no clear difference" in str(close)
+    assert "not reproduced" in str(_claim_note("d", runs([0.9, 0.91], [0.4, 0.41], [0.5, 0.51])))
+    assert "single seed" in str(_claim_note("d", runs([0.5], [0.4], [0.6])))
+    assert _claim_note("d", {"dense": [{"test_accuracy": [0.5]}]}) is None
