@@ -299,7 +299,7 @@ def _train(
     run_dir = ctx.path(folder)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = {name: getattr(config, name) for name in _RUN_FIELDS}
-    settings["seed"] = seed
+    settings.update(seed=seed, subset_seed=config.seed)  # the subsets are drawn with config.seed
     previous = ctx.load_json(f"{folder}/settings.json")
     resume = previous == settings
     ctx.save_json(f"{folder}/settings.json", settings)
