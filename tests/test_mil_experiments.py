@@ -109,3 +109,11 @@ def test_mil_bit_pattern_tiny(tmp_path: Path) -> None:
     record = json.loads(path.read_text())
     assert record["results"]["tables"][0]["rows"][1][0] == "sparse"
     assert set(record["results"]["metrics"]) == {"accuracy/dense/8", "accuracy/sparse/8"}
+
+
+def test_mean_pm_std() -> None:
+    from hopfield.experiments.mil_common import mean_pm_std
+
+    assert mean_pm_std([0.5]) == "0.500"
+    assert mean_pm_std([0.4, 0.6]) == "0.500 ± 0.141"
+    assert mean_pm_std([]) == "–"

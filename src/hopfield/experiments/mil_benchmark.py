@@ -241,8 +241,8 @@ def run(config: Config, ctx: RunContext) -> Results:
         ),
     )
     notes = [
-        "Protocol of the paper text (10-fold CV, Table 4 space with dropout {0, 0.3, 0.5}); "
-        "optimiser as the official code (AdamW, cosine decay, gradient clipping 1.0), the "
+        "Protocol of the paper text (stratified CV with an inner stratified validation split, "
+        "Table 4 space with dropout {0, 0.3, 0.5}); optimiser as the official code (AdamW, cosine decay, gradient clipping 1.0), the "
         "best-validation-AUC epoch standing in for early stopping.",
         "OutEffHop is not in the paper's Table 5 (no paper number).",
     ]

@@ -116,8 +116,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def mean_pm_std(values: Sequence[float], digits: int = 3) -> str:
-    """``"mean ± std"`` of ``values`` (``"–"`` when empty)."""
+    """``"mean ± std"`` of ``values`` (just the value for one, ``"–"`` when empty)."""
     if not values:
         return "–"
     mean, std = mean_std(list(values))
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
