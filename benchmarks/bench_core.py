@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _timing import median_time
 from hopfield.functional import SoftmaxN, associate
 from hopfield.functional.structures import explicit_association
 from hopfield.nn import Hopfield
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def attention_inputs(n: int, grad: bool) -> tuple[torch.Tensor, ...]:

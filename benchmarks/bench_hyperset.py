@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from _timing import median_time
 from hopfield.nn.hyperset import (
     HyperSETEncoder,
     SharedTransformerEncoder,
@@ -34,18 +33,6 @@ CASES = [
     ("Sudoku paper (d=768)", 8, 81, 768, 12, 3072),
     ("long sequence (d=256)", 4, 1024, 256, 4, 256),
 ]
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def step(module: torch.nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], object]:
