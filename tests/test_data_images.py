@@ -97,14 +97,28 @@ def test_mismatched_idx_pair_is_rejected(tmp_path: Path) -> None:
         load_image_dataset("mnist", "train", data_dir=tmp_path)
 
 
-def write_cifar_batch(path: Path, n: int, seed: int) -> tuple[np.ndarray, list[int]]:
+def write_cifar_batch(
+    path: Path, n: int, seed: int, label_key: bytes = b"labels"
+) -> tuple[np.ndarray, list[int]]:
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-    labels = [int(v) for v in rng.integers(0, 10, size=n)]
+    labels = [int(v) for v in rng.integers(0, 100, size=n)]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as handle:  # bytes keys, as the original Python 2 pickles load
-        pickle.dump({b"batch_label": b"x", b"data": data, b"labels": labels}, handle, protocol=2)
+        pickle.dump({b"batch_label": b"x", b"data": data, label_key: labels}, handle, protocol=2)
     return data, labels
+
+
+def test_cifar100_reads_fine_labels(tmp_path: Path) -> None:
+    folder = tmp_path / "images" / "cifar-100-python"
+    data, labels = write_cifar_batch(folder / "train", 3, seed=7, label_key=b"fine_labels")
+    x, y = load_image_dataset("cifar100", "train", data_dir=tmp_path)
+    assert x.shape == (3, 3, 32, 32) and y.tolist() == labels
+    torch.testing.assert_close(
+        x[1, 1].flatten(), torch.from_numpy(data[1, 1024:2048]).float() / 255
+    )
+    with pytest.raises(DataNotFoundError, match="cifar-100-python"):
+        load_image_dataset("cifar100", "test", data_dir=tmp_path)
 
 
 def test_cifar10_from_pickle_fixture(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Image datasets as tensors: scikit-learn digits, MNIST, Fashion-MNIST and CIFAR-10.
+"""Image datasets as tensors: scikit-learn digits, MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100.
 
 :func:`load_image_dataset` returns ``(images, labels)`` with ``images`` float32 ``(N, C, H, W)`` in
 ``[0, 1]`` and ``labels`` int64 ``(N,)``, for
@@ -51,6 +51,7 @@ MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 FASHION_MNIST_SYSTEM = "/usr/share/datasets/fashion-mnist/"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 
 # SHA-256 of the files in the project's shared data (see its README); files the project does not
 # hold are located without a checksum ("").
@@ -99,6 +100,8 @@ def image_files(name: str, split: str = "train") -> tuple[DataFile, ...]:
         return tuple(
             DataFile(f"images/cifar-10-batches-py/{b}", sha256="", url=CIFAR10_URL) for b in batches
         )
+    if name == "cifar100":
+        return (DataFile(f"images/cifar-100-python/{split}", sha256="", url=CIFAR100_URL),)
     return ()
 
 
@@ -145,21 +148,26 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def read_cifar_batch(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Read one CIFAR-10 python batch: ``(images uint8 (N, 3, 32, 32), labels int64 (N,))``.
+def read_cifar_batch(
+    path: str | os.PathLike[str], label_key: str = "labels"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR python batch: ``(images uint8 (N, 3, 32, 32), labels int64 (N,))``.
 
-    The batch is a pickled dict with ``data`` (``(N, 3072)`` uint8, channel-major rows) and
-    ``labels``; keys may be ``bytes`` (the original Python 2 pickles) or ``str``.
+    The batch is a pickled dict with ``data`` (``(N, 3072)`` uint8, channel-major rows) and the
+    labels under ``label_key`` (``"labels"`` for CIFAR-10, ``"fine_labels"`` for CIFAR-100);
+    keys may be ``bytes`` (the original Python 2 pickles) or ``str``.
     """
     with open(path, "rb") as handle:
         batch = _ArrayUnpickler(handle, encoding="bytes").load()
     if not isinstance(batch, dict):
         raise ValueError(f"{path}: not a CIFAR batch (a pickled {type(batch).__name__})")
     batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
-    if "data" not in batch or "labels" not in batch:
-        raise ValueError(f"{path}: a CIFAR batch needs 'data' and 'labels', has {sorted(batch)}")
+    if "data" not in batch or label_key not in batch:
+        raise ValueError(
+            f"{path}: a CIFAR batch needs 'data' and {label_key!r}, has {sorted(batch)}"
+        )
     data = np.asarray(batch["data"], dtype=np.uint8)
-    labels = np.asarray(batch["labels"], dtype=np.int64)
+    labels = np.asarray(batch[label_key], dtype=np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise ValueError(f"{path}: data {data.shape} and labels {labels.shape} do not fit CIFAR-10")
     return data.reshape(-1, 3, 32, 32), labels
@@ -196,8 +204,9 @@ def _load_idx_pair(name: str, split: str, data_dir: PathArg) -> Arrays:
     return images[:, None].astype(np.float32) / 255.0, labels
 
 
-def _load_cifar10(split: str, data_dir: PathArg) -> Arrays:
-    parts = [read_cifar_batch(locate(f, data_dir)) for f in image_files("cifar10", split)]
+def _load_cifar(name: str, split: str, data_dir: PathArg) -> Arrays:
+    label_key = "fine_labels" if name == "cifar100" else "labels"
+    parts = [read_cifar_batch(locate(f, data_dir), label_key) for f in image_files(name, split)]
     images = np.concatenate([p[0] for p in parts])
     return images.astype(np.float32) / 255.0, np.concatenate([p[1] for p in parts])
 
@@ -208,7 +217,8 @@ IMAGE_DATASETS: dict[str, _Loader] = {
     "digits": _load_digits,
     "mnist": lambda split, data_dir: _load_idx_pair("mnist", split, data_dir),
     "fashion-mnist": lambda split, data_dir: _load_idx_pair("fashion-mnist", split, data_dir),
-    "cifar10": _load_cifar10,
+    "cifar10": lambda split, data_dir: _load_cifar("cifar10", split, data_dir),
+    "cifar100": lambda split, data_dir: _load_cifar("cifar100", split, data_dir),
 }
 """Loader per dataset name: ``loader(split, data_dir) -> (images (N, C, H, W) float32, labels)``."""
 
@@ -219,13 +229,14 @@ def load_image_dataset(
     """Load an image dataset as tensors.
 
     Args:
-        name: ``"digits"``, ``"mnist"``, ``"fashion-mnist"`` or ``"cifar10"``.
+        name: ``"digits"``, ``"mnist"``, ``"fashion-mnist"``, ``"cifar10"`` or ``"cifar100"``
+            (``images/cifar-100-python/{train,test}``, fine labels).
         split: ``"train"`` or ``"test"``.
         data_dir: the data root (else ``$HOPFIELD_DATA``; Fashion-MNIST is also found in its
             Debian location).
 
     Returns:
-        ``images`` float32 ``(N, C, H, W)`` in ``[0, 1]`` (C = 1 except CIFAR-10's 3) and
+        ``images`` float32 ``(N, C, H, W)`` in ``[0, 1]`` (C = 1 except CIFAR's 3) and
         ``labels`` int64 ``(N,)`` in ``0..9``.
 
     Raises:

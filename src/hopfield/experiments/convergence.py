@@ -19,7 +19,7 @@ below ``out_dir/runs``) with a checkpoint at the end of every epoch: a stopped r
 its last finished epoch, and ``until_epoch`` splits a long run into several invocations.
 
 Datasets: ``digits`` (tiny preset, always present), ``fashion-mnist`` (Debian package
-``dataset-fashion-mnist`` or ``images/fashion-mnist/`` below the data root), ``cifar10`` when
+``dataset-fashion-mnist`` or ``images/fashion-mnist/`` below the data root), ``cifar10`` and ``cifar100`` when
 present. Datasets that are absent are skipped with a note; if none is present the run fails with
 :class:`hopfield.data.DataNotFoundError`.
 """
@@ -171,7 +171,7 @@ PRESETS = {
         dropout=0.1,
     ),
     "paper": Config(
-        datasets=("fashion-mnist", "cifar10"),
+        datasets=("fashion-mnist", "cifar10", "cifar100"),
         seeds=3,
         epochs=100,
         batch_size=512,
