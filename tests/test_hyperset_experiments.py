@@ -100,3 +100,25 @@ def test_mim_toy_pipeline(tmp_path: Path) -> None:
     assert 0.0 <= record["results"]["metrics"]["hyperset_masked_accuracy"] <= 100.0
     with pytest.raises(DataNotFoundError, match="VQGAN"):
         run_experiment("hyperset-mim", "paper", tmp_path, progress=False)
+
+
+def test_trajectory_table_and_energy_trends() -> None:
+    from hopfield.experiments.hyperset_common import (
+        TRAJECTORY_COLUMNS,
+        energy_trend_metrics,
+        trajectory_table,
+    )
+
+    rows = [
+        {key: float(t * 10 + i) for i, (_, key) in enumerate(TRAJECTORY_COLUMNS)} for t in range(3)
+    ]
+    for row in rows:
+        row["e_ff"] = -row["t"]
+    table = trajectory_table("traj", rows, "caption")
+    assert "full rank h0" not in table.columns and len(table.columns) == len(TRAJECTORY_COLUMNS) - 1
+    assert table.rows[2][table.columns.index("erank mean")] == rows[2]["erank"]
+    full = trajectory_table("traj", rows, "caption", full_rank=True)
+    assert full.columns[6] == "full rank h0" and full.rows[1][6] == rows[1]["full_rank_head0"]
+    trends = energy_trend_metrics(rows)
+    assert trends["e_attn_slope"] > 0 and trends["e_ff_slope"] < 0
+    assert trends["e_ff_fraction_decreasing"] == 1.0

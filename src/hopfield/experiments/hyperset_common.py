@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hopfield.experiments.results import RunContext
+from hopfield.experiments.results import RunContext, Table
 from hopfield.nn.hyperset import HyperSETEncoder
 from hopfield.nn.hyperset_energy import average_angle, effective_rank
 
@@ -195,3 +195,42 @@ def linear_slope(values: Sequence[float]) -> float:
     mean_y = sum(values) / n
     num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
     return num / sum((i - mean_x) ** 2 for i in range(n))
+
+
+# Columns of the per-iteration trajectory table: (header, key of a trajectory_statistics row).
+TRAJECTORY_COLUMNS = (
+    ("t", "t"),
+    ("E_ATTN", "e_attn"),
+    ("±", "e_attn_std"),
+    ("E_FF", "e_ff"),
+    ("±", "e_ff_std"),
+    ("erank h0", "erank_head0"),
+    ("full rank h0", "full_rank_head0"),
+    ("erank mean", "erank"),
+    ("angle h0 °", "angle_head0"),
+    ("angle mean °", "angle"),
+    ("α mean", "alpha_mean"),
+    ("α<0", "alpha_negative"),
+    ("γ mean", "gamma_mean"),
+    ("γ<0", "gamma_negative"),
+)
+
+
+def trajectory_table(
+    name: str, analysis: Sequence[dict[str, Any]], caption: str, *, full_rank: bool = False
+) -> Table:
+    """The energy / effective-rank / angle / step-size table of ``trajectory_statistics`` rows
+    (the "full rank h0" column only when ``full_rank``)."""
+    columns = [c for c in TRAJECTORY_COLUMNS if full_rank or c[1] != "full_rank_head0"]
+    rows = [[row[key] for _, key in columns] for row in analysis]
+    return Table(name, [header for header, _ in columns], rows, caption)
+
+
+def energy_trend_metrics(analysis: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Slope and fraction of non-increasing steps of E_ATTN and E_FF along ``analysis``."""
+    metrics: dict[str, float] = {}
+    for key in ("e_attn", "e_ff"):
+        values = [row[key] for row in analysis]
+        metrics[f"{key}_slope"] = linear_slope(values)
+        metrics[f"{key}_fraction_decreasing"] = fraction_non_increasing(values)
+    return metrics

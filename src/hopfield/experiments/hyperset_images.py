@@ -26,11 +26,11 @@ from torch import Tensor
 from hopfield.data.images import load_image_dataset
 from hopfield.experiments.hyperset_common import (
     cosine_lr,
-    fraction_non_increasing,
-    linear_slope,
+    energy_trend_metrics,
     threads_limited,
     train_model,
     trajectory_statistics,
+    trajectory_table,
 )
 from hopfield.experiments.hyperset_sudoku import VARIANTS
 from hopfield.experiments.registry import Experiment, register
@@ -392,48 +392,13 @@ def _report(
         )
     if analysis:
         tables.append(
-            Table(
+            trajectory_table(
                 "Hyper-SET energy, effective rank and angle along the iterations (Figs. 5-6)",
-                [
-                    "t",
-                    "E_ATTN",
-                    "±",
-                    "E_FF",
-                    "±",
-                    "erank h0",
-                    "erank mean",
-                    "angle h0 °",
-                    "angle mean °",
-                    "α mean",
-                    "α<0",
-                    "γ mean",
-                    "γ<0",
-                ],
-                [
-                    [
-                        a["t"],
-                        a["e_attn"],
-                        a["e_attn_std"],
-                        a["e_ff"],
-                        a["e_ff_std"],
-                        a["erank_head0"],
-                        a["erank"],
-                        a["angle_head0"],
-                        a["angle"],
-                        a["alpha_mean"],
-                        a["alpha_negative"],
-                        a["gamma_mean"],
-                        a["gamma_negative"],
-                    ]
-                    for a in analysis
-                ],
+                analysis,
                 "Small Hyper-SET on test images; gain-free normalised projections.",
             )
         )
-        for key in ("e_attn", "e_ff"):
-            values = [a[key] for a in analysis]
-            metrics[f"{key}_slope"] = linear_slope(values)
-            metrics[f"{key}_fraction_decreasing"] = fraction_non_increasing(values)
+        metrics.update(energy_trend_metrics(analysis))
     notes.append(
         "The Energy Transformer row of Table 1 is not run (CRATE and CRATE-T are, when listed "
         "in `models`); CIFAR-100 and ImageNet-100 are not available offline."

@@ -33,11 +33,11 @@ from torch import Tensor
 from hopfield.data.sudoku import cached_puzzles, load_sudoku_dataset
 from hopfield.experiments.hyperset_common import (
     cosine_lr,
-    fraction_non_increasing,
-    linear_slope,
+    energy_trend_metrics,
     threads_limited,
     train_model,
     trajectory_statistics,
+    trajectory_table,
 )
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
@@ -342,53 +342,16 @@ def _report(
         )
     if analysis:
         tables.append(
-            Table(
+            trajectory_table(
                 "Energy, effective rank, angle and step sizes along the iterations (Figs. 5-6)",
-                [
-                    "t",
-                    "E_ATTN",
-                    "±",
-                    "E_FF",
-                    "±",
-                    "erank h0",
-                    "full rank h0",
-                    "erank mean",
-                    "angle h0 °",
-                    "angle mean °",
-                    "α mean",
-                    "α<0",
-                    "γ mean",
-                    "γ<0",
-                ],
-                [
-                    [
-                        a["t"],
-                        a["e_attn"],
-                        a["e_attn_std"],
-                        a["e_ff"],
-                        a["e_ff_std"],
-                        a["erank_head0"],
-                        a["full_rank_head0"],
-                        a["erank"],
-                        a["angle_head0"],
-                        a["angle"],
-                        a["alpha_mean"],
-                        a["alpha_negative"],
-                        a["gamma_mean"],
-                        a["gamma_negative"],
-                    ]
-                    for a in analysis
-                ],
+                analysis,
                 "Test puzzles; energies on gain-free normalised projections after iteration t; "
                 "angle = arccos of the mean pairwise cosine (paper Def. D.2), head 0 and mean "
                 f"over heads. Rows t > {L} are test-time extrapolation.",
+                full_rank=True,
             )
         )
-        within = analysis[:L]
-        for key in ("e_attn", "e_ff"):
-            values = [a[key] for a in within]
-            metrics[f"{key}_slope"] = linear_slope(values)
-            metrics[f"{key}_fraction_decreasing"] = fraction_non_increasing(values)
+        metrics.update(energy_trend_metrics(analysis[:L]))
         metrics["erank_change"] = analysis[L - 1]["erank"] - analysis[0]["erank"]
         metrics["angle_change"] = analysis[L - 1]["angle"] - analysis[0]["angle"]
         notes.append(
