@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hopfield.experiments.results import Results, RunContext
@@ -50,8 +50,6 @@ class Experiment:
         """The configuration of ``preset`` (a fresh copy the caller may change)."""
         if preset not in self.presets:
             raise ValueError(f"preset must be one of {sorted(self.presets)}, got {preset!r}")
-        from dataclasses import replace
-
         return replace(self.presets[preset])
 
 

@@ -8,6 +8,7 @@ to any other and lies within ``tolerance`` (relative L2 error) of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,9 +19,9 @@ from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.nn import Hopfield
 
-SEPARATIONS: dict[str, type[Separation] | tuple[type[Separation], float]] = {
+SEPARATIONS: dict[str, Callable[[], Separation]] = {
     "softmax": Softmax,
-    "softmax1": (SoftmaxN, 1.0),
+    "softmax1": lambda: SoftmaxN(1.0),
     "sparsemax": Sparsemax,
 }
 
@@ -51,8 +52,7 @@ def make_separation(name: str) -> Separation:
     """The separation called ``name`` (``softmax``, ``softmax1``, ``sparsemax``)."""
     if name not in SEPARATIONS:
         raise ValueError(f"separation must be one of {sorted(SEPARATIONS)}, got {name!r}")
-    spec = SEPARATIONS[name]
-    return spec[0](spec[1]) if isinstance(spec, tuple) else spec()
+    return SEPARATIONS[name]()
 
 
 def digit_patterns(count: int, generator: torch.Generator) -> Tensor:

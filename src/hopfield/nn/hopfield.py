@@ -446,19 +446,17 @@ class HopfieldPooling(nn.Module):
     ``(B, quantity, output_size)``.
     """
 
+    association: type[Hopfield] = Hopfield  # the inner layer's class
+
     def __init__(self, input_size: int, quantity: int = 1, **kwargs: Any) -> None:
         super().__init__()
         self.quantity = _positive("quantity", quantity)
-        self.hopfield = self._make_hopfield(input_size, **kwargs)
+        self.hopfield = self.association(input_size, **kwargs)
         factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.state_patterns = nn.Parameter(
             torch.empty(1, quantity, self.hopfield.state_size, **factory)
         )
         self.reset_parameters()
-
-    @staticmethod
-    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
-        return Hopfield(input_size, **kwargs)
 
     def reset_parameters(self) -> None:
         """Learned state patterns ~ N(0, 0.02²); the association layer's own initialisation."""
@@ -500,12 +498,14 @@ class HopfieldLayer(nn.Module):
     ``forward(input (B, L, input_size))`` returns ``(B, L, output_size)``.
     """
 
+    association: type[Hopfield] = Hopfield  # the inner layer's class
+
     def __init__(
         self, input_size: int, quantity: int, *, separate_targets: bool = False, **kwargs: Any
     ) -> None:
         super().__init__()
         self.quantity = _positive("quantity", quantity)
-        self.hopfield = self._make_hopfield(input_size, **kwargs)
+        self.hopfield = self.association(input_size, **kwargs)
         factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.stored_patterns = nn.Parameter(
             torch.empty(1, quantity, self.hopfield.stored_size, **factory)
@@ -518,10 +518,6 @@ class HopfieldLayer(nn.Module):
         elif self.hopfield.stored_size != self.hopfield.projection_size:
             raise ValueError("stored_size and projection_size differ: set separate_targets=True")
         self.reset_parameters()
-
-    @staticmethod
-    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
-        return Hopfield(input_size, **kwargs)
 
     def reset_parameters(self) -> None:
         """Learned memories ~ N(0, 0.02²); the association layer's own initialisation."""
@@ -563,14 +559,10 @@ class OutEffHop(Hopfield):
 class OutEffHopPooling(HopfieldPooling):
     """:class:`HopfieldPooling` with Softmax_1 by default."""
 
-    @staticmethod
-    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
-        return OutEffHop(input_size, **kwargs)
+    association = OutEffHop
 
 
 class OutEffHopLayer(HopfieldLayer):
     """:class:`HopfieldLayer` with Softmax_1 by default."""
 
-    @staticmethod
-    def _make_hopfield(input_size: int, **kwargs: Any) -> Hopfield:
-        return OutEffHop(input_size, **kwargs)
+    association = OutEffHop
