@@ -90,6 +90,10 @@ def test_bad_arguments() -> None:
         apply_overrides(get("retrieval-demo").config("tiny"), {"colour": "red"})
     with pytest.raises(SystemExit):
         main(["run", "retrieval-demo", "--set", "no-equals-sign"])
+    with pytest.raises(SystemExit, match="retrieval-demo has presets tiny, small, paper"):
+        main(["run", "retrieval-demo", "--preset", "formation"])
+    with pytest.raises(SystemExit, match="unknown experiment 'nope'"):
+        main(["run", "nope"])
     with pytest.raises(ValueError, match=r"no results\.json"):
         build_report(Path(__file__).parent)
 

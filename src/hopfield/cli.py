@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hopfield.experiments.registry import PRESETS, all_experiments
+from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import reproduce, run_experiment
 from hopfield.report import build_report
 
@@ -31,13 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list the registered experiments")
 
     def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--preset", choices=PRESETS, default="small")
         p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
         p.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("name")
+    run.add_argument(
+        "--preset",
+        default="small",
+        help=f"one of {', '.join(PRESETS)} or an experiment's own preset (see `hopfield list`)",
+    )
     add_common(run)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument(
@@ -50,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     rep = sub.add_parser("reproduce", help="run every experiment at a preset, then the report")
+    rep.add_argument("--preset", choices=PRESETS, default="small")
     add_common(rep)
     rep.add_argument("--only", nargs="*", default=None, help="names of experiments to run")
 
@@ -66,6 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
         return 0
     if args.command == "run":
+        try:
+            preset_names = get(args.name).presets
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        if args.preset not in preset_names:
+            raise SystemExit(
+                f"--preset: {args.name} has presets {', '.join(preset_names)}, not {args.preset!r}"
+            )
         path = run_experiment(
             args.name,
             args.preset,
