@@ -145,7 +145,9 @@ def test_grid_errors() -> None:
 
 
 def test_presets_cover_the_documented_axes() -> None:
-    small = of.PRESETS["small"]
+    small, paper = of.PRESETS["small"], of.PRESETS["paper"]
+    for axis in ("pre_ln", "lr", "num_layers", "vocab_size"):
+        assert len(small.grid[axis]) >= 2
     for axis in (
         "steps",
         "num_layers",
@@ -155,10 +157,27 @@ def test_presets_cover_the_documented_axes() -> None:
         "ln_weight_decay",
         "delimiter_rate",
     ):
-        assert len(small.grid[axis]) >= 2
-    assert small.dropout == 0.0 and small.seeds == (0, 1, 2)
-    assert set(small.variants) == set(of.VARIANT_NAMES)
-    assert of.PRESETS["paper"].grid["steps"][-1] > max(small.grid["steps"])
+        assert len(paper.grid[axis]) >= 2
+    for preset in (small, paper):
+        assert preset.dropout == 0.0 and preset.seeds == (0, 1, 2)
+        assert set(preset.variants) == set(of.VARIANT_NAMES)
+    assert small.strategy == "ladder" and small.budget_s == 1800.0
+    assert paper.grid["steps"][-1] > small.steps
+
+
+def test_small_ladder_ends_at_the_deepest_widest_vocabulary_point() -> None:
+    small = of.PRESETS["small"]
+    first = of.ladder_points(small)
+    assert len(first) == 4  # LN placement x learning rate at 4 layers, vocabulary 64
+    assert {(p.config.num_layers, p.config.vocab_size) for p in first} == {(4, 64)}
+    second = of.ladder_points(small, first[0].overrides)
+    assert [(p.config.num_layers, p.config.vocab_size) for p in second] == [
+        (4, 64),
+        (4, 512),
+        (6, 64),
+        (6, 512),
+    ]
+    assert [p.gflop for p in second] == sorted(p.gflop for p in second)
 
 
 # --- running the experiment ------------------------------------------------------------------
@@ -239,6 +258,54 @@ def test_search_stops_at_first_success_and_compares(tmp_path: Path) -> None:
     assert [r[0] for r in variants["rows"]] == ["Vanilla", "OutEffHop"]
     pairs = next(t for t in results["tables"] if "Reductions" in t["name"])
     assert [r[1] for r in pairs["rows"]] == ["avg_kurtosis", "max_inf_norm"]
+
+
+def test_parallel_workers_give_the_sequential_runs(tmp_path: Path) -> None:
+    common = {"variants": '["softmax", "softmax1"]', "seeds": "[0]", "grid": '{"steps": [4]}'}
+    runs = {}
+    for workers in (1, 2):
+        path = run_experiment(
+            "outlier-formation",
+            "tiny",
+            tmp_path / str(workers),
+            overrides={**common, "workers": str(workers)},
+            progress=False,
+        )
+        runs[workers] = json.loads((path.parent / "compare.json").read_text())["runs"]
+    assert set(runs[2]) == {"softmax/seed0", "softmax1/seed0"}
+    for key, metrics in runs[1].items():
+        for name in ("fp_ppl", "w8a8_ppl", "avg_kurtosis", "max_inf_norm"):
+            assert runs[2][key][name] == pytest.approx(metrics[name], rel=1e-5)
+
+
+def test_more_seeds_resume_the_finished_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = {"variants": '["softmax"]', "grid": '{"steps": [2]}'}
+    run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides={**common, "seeds": "[0]"}, progress=False
+    )
+    trained: list[int] = []
+    real = of.train_and_evaluate
+
+    def counting(config: Any, variant: str, seed: int, *args: Any) -> dict[str, Any]:
+        trained.append(seed)
+        return real(config, variant, seed, *args)
+
+    monkeypatch.setattr(of, "train_and_evaluate", counting)
+    run_experiment(
+        "outlier-formation",
+        "tiny",
+        tmp_path,
+        overrides={**common, "seeds": "[0, 1]"},
+        progress=False,
+    )
+    assert trained == [1]  # seed 0 and the search point come from the JSON files
+
+
+def test_workers_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        run_experiment("outlier-formation", "tiny", tmp_path, overrides={"workers": "0"})
 
 
 def test_points_over_budget_are_skipped(tmp_path: Path) -> None:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import multiprocessing
 import shutil
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -265,8 +267,9 @@ class Config:
     ``compare_best_if_none`` (compare at the most outlier-prone point when no recipe succeeded),
     ``compare`` (``False`` = search only).
 
-    Machine: ``threads`` (``torch.set_num_threads`` during the run, 0 = leave), ``cpu`` (force
-    the CPU), ``log_every`` (steps between ``max |x|`` log records), ``checkpoint_every`` (steps
+    Machine: ``threads`` (``torch.set_num_threads`` during the run, 0 = leave), ``workers``
+    (comparison runs trained at once, each in its own process with ``threads`` threads; the
+    search stays sequential because it stops at the first success), ``cpu`` (force the CPU), ``log_every`` (steps between ``max |x|`` log records), ``checkpoint_every`` (steps
     between trainer checkpoints; 0 = only at the end), ``keep_checkpoints`` (keep them after the
     evaluation).
     """
@@ -315,6 +318,7 @@ class Config:
     compare: bool = True
     compare_best_if_none: bool = True
     threads: int = 1
+    workers: int = 1
     cpu: bool = True
     log_every: int = 50
     checkpoint_every: int = 500
@@ -352,6 +356,8 @@ GRID_FIELDS = (
     "num_heads",
     "batch_size",
     "seq_len",
+    "vocab_size",
+    "branching",
     "pre_ln",
     "dropout",
     "lr",
@@ -414,7 +420,15 @@ def grid_points(config: Config) -> list[GridPoint]:
 
 
 #: Grid fields that change the training cost (:func:`training_gflop` grows with each).
-COST_FIELDS = ("steps", "num_layers", "ffn_dim", "hidden_size", "batch_size", "seq_len")
+COST_FIELDS = (
+    "steps",
+    "num_layers",
+    "ffn_dim",
+    "hidden_size",
+    "batch_size",
+    "seq_len",
+    "vocab_size",
+)
 
 STRATEGIES = ("grid", "ladder")
 
@@ -882,20 +896,72 @@ def _search_table(entries: Sequence[Mapping[str, Any]]) -> Table:
     )
 
 
+#: Config fields that change no single comparison run (resuming with other values keeps its runs).
+_NOT_RECIPE = frozenset(
+    {
+        "grid",
+        "strategy",
+        "max_configs",
+        "budget_s",
+        "stop_at_first",
+        "kurtosis_threshold",
+        "norm_ratio_threshold",
+        "degradation_threshold",
+        "variants",
+        "seeds",
+        "compare",
+        "compare_best_if_none",
+        "threads",
+        "workers",
+        "checkpoint_every",
+        "keep_checkpoints",
+    }
+)
+
+
 def _compare(config: Config, ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
     """Train every variant at every seed under ``config`` (resumable via ``compare.json``)."""
     done: dict[str, Any] = ctx.load_json("compare.json") or {}
-    recipe = json.loads(json.dumps(asdict(config)))  # as it reads back from JSON
+    recipe = {k: v for k, v in asdict(config).items() if k not in _NOT_RECIPE}
+    recipe = json.loads(json.dumps(recipe))  # as it reads back from JSON
     if done.get("recipe") != recipe:
         done = {"recipe": recipe, "runs": {}}
     runs: dict[str, Any] = done["runs"]
     jobs = [(v, s) for v in config.variants for s in config.seeds]
-    for variant, seed in ctx.track(jobs, total=len(jobs), desc="variants"):
-        key = f"{variant}/seed{seed}"
-        if key not in runs:
-            runs[key] = train_and_evaluate(config, variant, seed, ctx, f"compare/{key}")
-            ctx.save_json("compare.json", done)
+    pending = [job for job in jobs if f"{job[0]}/seed{job[1]}" not in runs]
+    for (variant, seed), metrics in ctx.track(
+        _train_jobs(config, pending, ctx), total=len(pending), desc="variants"
+    ):
+        runs[f"{variant}/seed{seed}"] = metrics
+        ctx.save_json("compare.json", done)
     return {v: [runs[f"{v}/seed{s}"] for s in config.seeds] for v in config.variants}
+
+
+def _train_job(
+    config: Config, variant: str, seed: int, ctx: RunContext
+) -> tuple[tuple[str, int], dict[str, Any]]:
+    """One comparison run (the unit of work of a worker process)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    tag = f"compare/{variant}/seed{seed}"
+    return (variant, seed), train_and_evaluate(config, variant, seed, ctx, tag)
+
+
+def _train_jobs(
+    config: Config, jobs: Sequence[tuple[str, int]], ctx: RunContext
+) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
+    """``((variant, seed), metrics)`` of every job, in order, or as they finish in
+    ``config.workers`` spawned processes (each with ``config.threads`` threads)."""
+    if config.workers <= 1 or len(jobs) <= 1:
+        for variant, seed in jobs:
+            yield _train_job(config, variant, seed, ctx)
+        return
+    quiet = RunContext(ctx.out_dir, ctx.data_dir, ctx.preset, progress=False)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs)), mp_context=spawn) as pool:
+        futures = [pool.submit(_train_job, config, v, s, quiet) for v, s in jobs]
+        for future in as_completed(futures):
+            yield future.result()
 
 
 def _compare_tables(results: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
@@ -1025,6 +1091,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
             raise ValueError(f"variants: {variant!r} is not one of {sorted(VARIANT_NAMES)}")
     if not config.seeds:
         raise ValueError("seeds must not be empty")
+    if not isinstance(config.workers, int) or config.workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {config.workers!r}")
     _data(config, ctx.data_dir)  # data errors (e.g. DataNotFoundError) before any training
     entries = _search(config, ctx)
     trained = [e for e in entries if e["status"] == "trained"]
@@ -1070,14 +1138,39 @@ def _run(config: Config, ctx: RunContext) -> Results:
     return results
 
 
-_SEARCH_GRID: dict[str, list[Any]] = {
-    "steps": [2000, 6000],
-    "num_layers": [4, 6],
+#: The ``paper`` search: the knobs of the issue at the paper-like size (d = 128, FFN 512).
+_PAPER_GRID: dict[str, list[Any]] = {
+    "steps": [10_000, 30_000, 100_000],
+    "num_layers": [6, 12],
     "ffn_dim": [512, 1024],
     "pre_ln": [True, False],
     "lr": [1e-3, 3e-3],
     "ln_weight_decay": [True, False],
     "delimiter_rate": [0.15, 0.3],
+}
+
+#: The ``small`` search's fixed settings: what the CPU pilot runs of docs/outlier-formation.md
+#: found outlier-prone (d = 64, no LayerNorm-gain decay, constant learning rate, many
+#: delimiters, 8 successors per content token) ...
+_SMALL_BASE: dict[str, Any] = dict(
+    hidden_size=64,
+    num_heads=4,
+    ffn_dim=256,
+    branching=8,
+    delimiter_rate=0.3,
+    ln_weight_decay=False,
+    schedule="constant",
+    lr=1e-2,
+    steps=2500,
+    log_every=100,
+)
+#: ... and its axes: LN placement and learning rate at the cheapest size (ladder stage 1), then
+#: depth and vocabulary (the two that moved the W8A8 gap in the pilots) in cost order.
+_SMALL_GRID: dict[str, list[Any]] = {
+    "pre_ln": [True, False],
+    "lr": [1e-2, 3e-3],
+    "num_layers": [4, 6],
+    "vocab_size": [64, 512],
 }
 
 PRESETS = {
@@ -1101,9 +1194,9 @@ PRESETS = {
         log_every=2,
         checkpoint_every=0,
     ),
-    "small": Config(grid=_SEARCH_GRID, strategy="ladder", budget_s=1800.0),
+    "small": Config(**_SMALL_BASE, grid=_SMALL_GRID, strategy="ladder", budget_s=1800.0),
     "paper": Config(
-        grid={**_SEARCH_GRID, "steps": [10_000, 30_000, 100_000], "num_layers": [6, 12]},
+        grid=_PAPER_GRID,
         strategy="ladder",
         budget_s=36_000.0,
         threads=0,
