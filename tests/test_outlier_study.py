@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,6 +130,47 @@ def test_resolve_and_presets() -> None:
     ):
         with pytest.raises(ValueError, match=match):
             study.resolve(bad)
+
+
+def test_formation_preset_is_the_recipe_on_synthetic_data(tmp_path: Path) -> None:
+    (opt,) = study.resolve(study.PRESETS["formation"])
+    assert (opt.family, opt.dataset, opt.layers, opt.hidden, opt.vocab_size) == (
+        "opt",
+        "synthetic",
+        6,
+        64,
+        512,
+    )
+    assert (opt.lr, opt.schedule, opt.decay_norm_weights, opt.dropout) == (
+        1e-2,
+        "constant",
+        False,
+        0.0,
+    )
+    assert study.PRESETS["formation"].seeds == 3 and "formation" in get("outliers-opt").presets
+    with pytest.raises(ValueError, match="settings for \\['opt'\\] only"):
+        study.resolve(study.Config(model="bert", scale="formation"))
+    shrink = {
+        "layers": "1",
+        "steps": "2",
+        "warmup_steps": "0",
+        "max_train": "64",
+        "eval_batches": "1",
+        "eval_batch_size": "8",
+        "calib_batches": "1",
+        "variants": '["softmax", "softmax1"]',
+        "seeds": "1",
+    }
+    path = run_experiment("outliers", "formation", tmp_path, overrides=shrink, progress=False)
+    results = json.loads(path.read_text())["results"]
+    rows = results["tables"][0]["rows"]
+    assert [r[1] for r in rows] == ["Vanilla", "OutEffHop"]
+    record = json.loads((tmp_path / "outliers/runs/opt/softmax1/seed-0/result.json").read_text())
+    assert math.isfinite(record["fp"][0]) and record["fp"][0] > 1
+    with pytest.raises(ValueError, match="model must be 'opt'"):
+        run_experiment(
+            "outliers", "tiny", tmp_path, overrides={"model": "bert", "dataset": '"synthetic"'}
+        )
 
 
 def test_paper_reductions_match_spec() -> None:

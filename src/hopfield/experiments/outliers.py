@@ -27,8 +27,9 @@ vs OutEffHop), Figure 4 (layer L−2 components); layers are numbered from 0 as 
 
 Presets (``scale``): ``tiny`` (seconds, tests), ``small`` (CPU: BERT 4 layers d 128 on
 WikiText-2, OPT 6 layers d 128, ViT 4 layers d 128 on MNIST; 3 training seeds), ``paper`` (BERT-base
-seq 128, OPT-125m block 512, ViT-S/16 on ImageNet, the authors' optimiser settings and steps).
-Every per-model setting can be overridden with ``--set NAME=VALUE`` (``None`` = the scale's value).
+seq 128, OPT-125m block 512, ViT-S/16 on ImageNet, the authors' optimiser settings and steps),
+``formation`` (OPT only: the recipe under which the ``outlier-formation`` search formed outliers on
+2 CPU cores, synthetic delimiter streams, 3 training seeds). Every per-model setting can be overridden with ``--set NAME=VALUE`` (``None`` = the scale's value).
 """
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ class ModelSettings:
     ``eval_batch_size`` examples, ``calib_batches`` W8A8 calibration batches from
     ``calibrate_on`` (``"validation"`` as in the authors' scripts, or ``"train"``),
     ``percentile`` (``None`` = min–max). Data: ``dataset``, ``max_train`` (first lines / images
-    only; 0 = all), ``cache_dir`` (tokenizers; "" = ``$HOPFIELD_CACHE`` or ``~/.cache/hopfield``).
+    only, 0 = all; training sequences of ``"synthetic"``, 0 = 4096), ``cache_dir`` (tokenizers;
+    "" = ``$HOPFIELD_CACHE`` or ``~/.cache/hopfield``), and for ``dataset="synthetic"`` (OPT only,
+    :mod:`hopfield.data.synthetic_text`) ``delimiter_rate`` and ``branching``.
     """
 
     family: str
@@ -175,6 +178,8 @@ class ModelSettings:
     percentile: float | None = None
     max_train: int = 0
     cache_dir: str = ""
+    delimiter_rate: float = 0.3
+    branching: int = 8
 
 
 _TINY_ARCH: dict[str, Any] = dict(
@@ -284,6 +289,35 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             eval_batch_size=64,
         ),
     },
+    # The recipe the outlier-formation experiment's small search found (docs/outlier-formation.md):
+    # pre-LN causal LM on the synthetic delimiter streams, L 6, d 64, vocabulary 512, constant
+    # lr 1e-2, no decay on LN gains; evaluated as that experiment does (256 sequences, W8A8
+    # ranges by running min-max on 16 training batches).
+    "formation": {
+        "opt": ModelSettings(
+            "opt",
+            "synthetic",
+            layers=6,
+            hidden=64,
+            heads=4,
+            ffn=256,
+            steps=2500,
+            batch_size=32,
+            lr=1e-2,
+            warmup_steps=125,
+            weight_decay=0.1,
+            schedule="constant",
+            dropout=0.0,
+            seq_len=64,
+            vocab_size=512,
+            eval_batches=4,
+            eval_batch_size=64,
+            calib_batches=16,
+            calibrate_on="train",
+            delimiter_rate=0.3,
+            branching=8,
+        ),
+    },
     "paper": {
         # [CODE] run_mlm: bert-base, seq 128, batch 256, AdamW 1e-4, linear, warm-up 10k,
         # wd 0.01, clip 1, fp16, 200k steps; BookCorpus + wiki40b.
@@ -369,8 +403,9 @@ class Config:
 
     Attributes:
         model: ``"bert"``, ``"opt"``, ``"vit"`` or ``"all"``.
-        scale: ``"tiny"``, ``"small"`` or ``"paper"``: the per-model settings
-            (:data:`SETTINGS`) the overrides below apply to.
+        scale: ``"tiny"``, ``"small"``, ``"paper"`` or ``"formation"`` (OPT only: the recipe
+            under which the ``outlier-formation`` search formed outliers): the per-model
+            settings (:data:`SETTINGS`) the overrides below apply to.
         variants: attention variants (Table 1's six by default).
         seeds: number of training seeds (``seed``, ``seed + 1``, ...).
         eval_seeds: evaluation seeds per trained model (BERT masking, calibration batches).
@@ -419,6 +454,8 @@ class Config:
     percentile: float | None = None
     max_train: int | None = None
     cache_dir: str | None = None
+    delimiter_rate: float | None = None
+    branching: int | None = None
 
 
 def resolve(config: Config) -> list[ModelSettings]:
@@ -439,6 +476,12 @@ def resolve(config: Config) -> list[ModelSettings]:
         )
     changes = {k: getattr(config, k) for k in _OVERRIDABLE if getattr(config, k) is not None}
     families = FAMILIES if config.model == "all" else (config.model,)
+    missing = [f for f in families if f not in SETTINGS[config.scale]]
+    if missing:
+        raise ValueError(
+            f"model: scale {config.scale!r} has settings for {sorted(SETTINGS[config.scale])} "
+            f"only, not {missing}"
+        )
     return [replace(SETTINGS[config.scale][f], **changes) for f in families]
 
 
@@ -962,11 +1005,14 @@ def run(config: Config, ctx: RunContext) -> Results:
 
 
 def _presets(model: str, seeds: dict[str, int]) -> dict[str, Config]:
-    return {
+    presets = {
         "tiny": Config(model=model, scale="tiny", seeds=seeds["tiny"]),
         "small": Config(model=model, scale="small", seeds=seeds["small"]),
         "paper": Config(model=model, scale="paper", seeds=1, eval_seeds=3, seed=1000),
     }
+    if model in ("all", "opt"):
+        presets["formation"] = Config(model="opt", scale="formation", seeds=seeds["small"])
+    return presets
 
 
 PRESETS = _presets("all", {"tiny": 1, "small": 3})

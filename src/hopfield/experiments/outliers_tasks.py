@@ -9,7 +9,9 @@ Data:
 
 * BERT / OPT: :mod:`hopfield.data.text` (WikiText-2 by default: train on ``valid.txt``, evaluate on
   ``test.txt``), a WordPiece (BERT) or byte-level BPE (OPT) tokenizer trained on the train split
-  and cached, blocks of ``seq_len`` tokens. BERT masks 15% of the tokens (80/10/10) with the
+  and cached, blocks of ``seq_len`` tokens. OPT also takes ``dataset="synthetic"``: the
+  delimiter streams of :mod:`hopfield.data.synthetic_text` (``max_train`` training sequences,
+  4096 when 0), the data of the ``outlier-formation`` recipe. BERT masks 15% of the tokens (80/10/10) with the
   global RNG during training (checkpointed by the trainer) and with the evaluation seed's
   generator for evaluation.
 * ViT: :func:`hopfield.data.images.load_image_dataset` (``digits``, ``mnist``,
@@ -178,36 +180,90 @@ def _pick(items: Sequence[Any], count: int, seed: int) -> list[Any]:
     return [items[i] for i in order[:count]]
 
 
-def _text_task(settings: Any, data_dir: Path | None) -> Task:
-    from hopfield.data.text import (
-        load_text,
-        mask_tokens,
-        special_ids,
-        token_blocks,
-        train_tokenizer,
-    )
+@dataclass
+class _Corpus:
+    """Token blocks of a text task: ``train`` ``(N, T)``, ``valid`` ``(M, T)``, the special-token
+    ``ids`` by role, the vocabulary size, the ``delimiters`` of the attention diagnostics and a
+    description of where the blocks come from."""
 
-    family = settings.family
-    kind = "wordpiece" if family == "bert" else "bpe"
+    train: Tensor
+    valid: Tensor
+    ids: dict[str, int]
+    vocab: int
+    delimiters: list[int]
+    description: str
+
+
+def _tokenized_corpus(settings: Any, data_dir: Path | None, limit: int) -> _Corpus:
+    from hopfield.data.text import load_text, special_ids, token_blocks, train_tokenizer
+
+    kind = "wordpiece" if settings.family == "bert" else "bpe"
     splits = load_text(settings.dataset, data_dir, max_lines=settings.max_train or None)
     tokenizer = train_tokenizer(
         kind, splits.train, settings.vocab_size, cache_dir=settings.cache_dir
     )
     ids = special_ids(tokenizer, kind)
     vocab = tokenizer.get_vocab_size()
-    train = token_blocks(tokenizer, splits.train, kind, settings.seq_len)
+    return _Corpus(
+        train=token_blocks(tokenizer, splits.train, kind, settings.seq_len),
+        valid=token_blocks(tokenizer, splits.validation, kind, settings.seq_len, max_blocks=limit),
+        ids=ids,
+        vocab=vocab,
+        delimiters=[ids["cls"], ids["sep"]] if settings.family == "bert" else [ids["bos"]],
+        description=f"{splits.description}; {kind} tokenizer ({vocab} tokens) trained on the train split",
+    )
+
+
+#: Training sequences of the synthetic data when ``max_train`` is 0.
+SYNTHETIC_TRAIN_SEQUENCES = 4096
+
+
+def _synthetic_corpus(settings: Any, limit: int) -> _Corpus:
+    """The token streams of :mod:`hopfield.data.synthetic_text` (``vocab_size``, ``seq_len``,
+    ``delimiter_rate``, ``branching``; training data seed 1, validation seed 2, as in the
+    ``outlier-formation`` experiment)."""
+    from hopfield.data import synthetic_text as st
+
+    if settings.family != "opt":
+        raise ValueError(
+            f"dataset 'synthetic' is a causal-LM task: model must be 'opt', got {settings.family!r}"
+        )
+    grammar = st.SyntheticText(
+        vocab_size=settings.vocab_size,
+        seq_len=settings.seq_len,
+        delimiter_rate=settings.delimiter_rate,
+        branching=settings.branching,
+    )
+    count = settings.max_train or SYNTHETIC_TRAIN_SEQUENCES
+    return _Corpus(
+        train=st.generate(grammar, count, seed=1).tokens,
+        valid=st.generate(grammar, limit, seed=2).tokens,
+        ids={"pad": st.PAD, "bos": st.BOS, "eos": st.DELIM},
+        vocab=settings.vocab_size,
+        delimiters=[st.BOS, st.DELIM, st.FILLER],
+        description=f"synthetic delimiter streams ({grammar})",
+    )
+
+
+def _text_task(settings: Any, data_dir: Path | None) -> Task:
+    from hopfield.data.text import mask_tokens
+
+    family = settings.family
     limit = settings.eval_batches * settings.eval_batch_size
-    valid = token_blocks(tokenizer, splits.validation, kind, settings.seq_len, max_blocks=limit)
+    if settings.dataset == "synthetic":
+        corpus = _synthetic_corpus(settings, limit)
+    else:
+        corpus = _tokenized_corpus(settings, data_dir, limit)
+    train, valid, ids, vocab = corpus.train, corpus.valid, corpus.ids, corpus.vocab
     slices = _chunks(len(valid), settings.eval_batch_size, settings.eval_batches)
     if not slices:
         raise ValueError(
             f"eval_batch_size: the validation split has {len(valid)} blocks, fewer than one batch"
         )
     special = sorted({ids[r] for r in ids if r != "unk"})
-    delimiters = [ids["cls"], ids["sep"]] if family == "bert" else [ids["bos"]]
 
     def special_mask(block: Tensor) -> Tensor:
-        return torch.isin(block, torch.tensor(delimiters))
+        return torch.isin(block, torch.tensor(corpus.delimiters))
 
     if family == "bert":
         common = {"vocab_size": vocab, "pad_token_id": ids["pad"]}
@@ -266,8 +322,7 @@ def _text_task(settings: Any, data_dir: Path | None) -> Task:
         metric_name="perplexity",
         higher_is_better=False,
         description=(
-            f"{splits.description}; {kind} tokenizer ({vocab} tokens) trained on the train split; "
-            f"{len(train)} training blocks and {len(slices) * settings.eval_batch_size} "
+            f"{corpus.description}; {len(train)} training blocks and {len(slices) * settings.eval_batch_size} "
             f"evaluation blocks of {settings.seq_len} tokens"
         ),
     )
