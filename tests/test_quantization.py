@@ -7,12 +7,15 @@ import torch
 from torch import nn
 
 from hopfield.outliers import (
+    QUANTIZER_KINDS,
     ActivationQuantizer,
     activation_quantizers,
     fake_quantize_asymmetric,
     fake_quantize_fp8,
     fake_quantize_weight,
     quantize_w8a8,
+    quantizer_ablation,
+    quantizer_kinds,
     symmetric_scale,
 )
 
@@ -174,3 +177,28 @@ def test_sdpa_model_is_switched_and_fp8_variant_runs() -> None:
         quantize_w8a8(model, [])
     with pytest.raises(ValueError, match="fmt"):
         quantize_w8a8(model, _batches(1), fmt="int4")
+
+
+def test_quantizer_ablation_switches_one_kind_at_a_time() -> None:
+    model = _bert("softmax")
+    batches = _batches()
+    quantized = quantize_w8a8(model, batches, num_batches=3)
+    kinds = quantizer_kinds(quantized)
+    assert set(kinds) == set(activation_quantizers(quantized))
+    assert set(kinds.values()) == set(QUANTIZER_KINDS)  # BERT has every kind
+    assert kinds["bert.encoder.layer.0.output_quantizer"] == "block output"
+    assert kinds["bert.encoder.layer.0.output.LayerNorm.input_quantizer"] == "LayerNorm input"
+    with torch.no_grad():
+        reference = model(**batches[0]).logits
+
+    def error(m: nn.Module) -> float:
+        with torch.no_grad():
+            return float((m(**batches[0]).logits - reference).norm() / reference.norm())
+
+    full = error(quantized)
+    ablation = quantizer_ablation(quantized, error)
+    assert list(ablation) == ["weights only", *QUANTIZER_KINDS, "all"]
+    assert ablation["all"] == full  # every quantizer back in its state
+    assert all(q.state == "quantize" for q in activation_quantizers(quantized).values())
+    assert 0 < ablation["weights only"] < full
+    assert all(ablation["weights only"] <= v + 1e-3 for v in ablation.values())

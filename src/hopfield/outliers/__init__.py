@@ -12,6 +12,7 @@ from hopfield.outliers.metrics import (
     kurtosis,
 )
 from hopfield.outliers.quantize import (
+    QUANTIZER_KINDS,
     ActivationQuantizer,
     AttentionQuantizer,
     WeightQuantizer,
@@ -20,11 +21,14 @@ from hopfield.outliers.quantize import (
     fake_quantize_fp8,
     fake_quantize_weight,
     quantize_w8a8,
+    quantizer_ablation,
+    quantizer_kinds,
     symmetric_scale,
 )
 
 __all__ = [
     "MODULE_SELECTIONS",
+    "QUANTIZER_KINDS",
     "ActivationQuantizer",
     "ActivationRecorder",
     "AttentionQuantizer",
@@ -38,5 +42,7 @@ __all__ = [
     "inf_norm",
     "kurtosis",
     "quantize_w8a8",
+    "quantizer_ablation",
+    "quantizer_kinds",
     "symmetric_scale",
 ]

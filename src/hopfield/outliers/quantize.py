@@ -19,14 +19,15 @@ outputs of embeddings and activation functions (FFN intermediate), the input (re
 embedding sum) and output of every LayerNorm, the output of every transformer block (the residual
 stream of pre-LN models), and, through an attention probe, the attention scores (before the mask)
 and probabilities (after the separation). Modules under ``keep_fp`` (the LM/classification head)
-stay in floating point.
+stay in floating point. :func:`quantizer_ablation` measures the error of each kind of quantizer
+alone (e.g. the residual stream's block outputs), to see where an outlier costs precision.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from torch.nn.utils import parametrize
 
 __all__ = [
     "FORMATS",
+    "QUANTIZER_KINDS",
     "ActivationQuantizer",
     "AttentionQuantizer",
     "WeightQuantizer",
@@ -43,6 +45,8 @@ __all__ = [
     "fake_quantize_fp8",
     "fake_quantize_weight",
     "quantize_w8a8",
+    "quantizer_ablation",
+    "quantizer_kinds",
     "symmetric_scale",
 ]
 
@@ -357,3 +361,81 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if found and config is not None and config._attn_implementation not in VARIANTS:
         model.set_attn_implementation("softmax")  # type: ignore[operator]
     return found
+
+
+#: The kinds of activation quantizer :func:`quantizer_kinds` tells apart (placement of
+#: :func:`quantize_w8a8`).
+QUANTIZER_KINDS = (
+    "embedding output",
+    "linear input",
+    "linear output",
+    "LayerNorm input",
+    "LayerNorm output",
+    "FFN activation",
+    "block output",
+    "attention scores",
+    "attention probabilities",
+)
+
+
+def quantizer_kinds(model: nn.Module) -> dict[str, str]:
+    """The kind (one of :data:`QUANTIZER_KINDS`) of every activation quantizer of a model made by
+    :func:`quantize_w8a8`, by quantizer name."""
+    modules = dict(model.named_modules())
+    kinds = {}
+    for name in activation_quantizers(model):
+        owner_name, _, attribute = name.rpartition(".")
+        owner = modules[owner_name]
+        if isinstance(owner, AttentionQuantizer):
+            kind = (
+                "attention scores" if attribute == "score_quantizer" else "attention probabilities"
+            )
+        elif isinstance(owner, nn.Embedding):
+            kind = "embedding output"
+        elif isinstance(owner, nn.LayerNorm):
+            kind = "LayerNorm input" if attribute == "input_quantizer" else "LayerNorm output"
+        elif isinstance(owner, _LINEAR_LIKE):
+            kind = "linear input" if attribute == "input_quantizer" else "linear output"
+        elif _is_activation(owner):
+            kind = "FFN activation"
+        else:
+            kind = "block output"
+        kinds[name] = kind
+    return kinds
+
+
+def quantizer_ablation(
+    quantized: nn.Module, metric: Callable[[nn.Module], float]
+) -> dict[str, float]:
+    """Where the W8A8 error comes from: ``metric`` with one kind of activation quantizer at a time.
+
+    Args:
+        quantized: a model returned by :func:`quantize_w8a8` (its weights stay quantized
+            throughout).
+        metric: ``metric(model) -> float`` (e.g. a perplexity over fixed batches).
+
+    Returns:
+        ``{"weights only": ..., <kind>: ..., "all": ...}``: the metric with no activation
+        quantizer on, with only the quantizers of each kind present in the model on
+        (:data:`QUANTIZER_KINDS` order), and with all on. The quantizers' states are restored.
+    """
+    quantizers = activation_quantizers(quantized)
+    kinds = quantizer_kinds(quantized)
+    states = {name: q.state for name, q in quantizers.items()}
+    calibrated = {name for name, q in quantizers.items() if int(q.batches) > 0}
+
+    def measure(selected: set[str]) -> float:
+        for name, q in quantizers.items():
+            q.state = "quantize" if name in calibrated and name in selected else "off"
+        return float(metric(quantized))
+
+    try:
+        out = {"weights only": measure(set())}
+        for kind in QUANTIZER_KINDS:
+            if kind in kinds.values():
+                out[kind] = measure({name for name, k in kinds.items() if k == kind})
+        out["all"] = measure(set(quantizers))
+    finally:
+        for name, q in quantizers.items():
+            q.state = states[name]
+    return out
