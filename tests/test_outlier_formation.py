@@ -257,7 +257,15 @@ def test_search_stops_at_first_success_and_compares(tmp_path: Path) -> None:
     variants = next(t for t in results["tables"] if "Variants" in t["name"])
     assert [r[0] for r in variants["rows"]] == ["Vanilla", "OutEffHop"]
     pairs = next(t for t in results["tables"] if "Reductions" in t["name"])
-    assert [r[1] for r in pairs["rows"]] == ["avg_kurtosis", "max_inf_norm"]
+    assert [r[1] for r in pairs["rows"]] == ["avg_kurtosis", "max_inf_norm", "w8a8_gap_pct"]
+    assert pairs["rows"][2][4] == pytest.approx(
+        100 * (1 - (16.429 / 15.916 - 1) / (42.012 / 15.974 - 1))
+    )
+    assert results["metrics"]["vanilla_seeds_meeting_criterion"] == 1
+    assert any(
+        note.startswith("Vanilla under the recipe meets the criterion in 1 of 1")
+        for note in results["notes"]
+    )
 
 
 def test_parallel_workers_give_the_sequential_runs(tmp_path: Path) -> None:
