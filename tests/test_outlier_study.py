@@ -147,6 +147,7 @@ def test_formation_preset_is_the_recipe_on_synthetic_data(tmp_path: Path) -> Non
         False,
         0.0,
     )
+    assert opt.init_std == 0.02  # the outlier-formation models', not OPT-125m's 0.006
     assert study.PRESETS["formation"].seeds == 3 and "formation" in get("outliers-opt").presets
     with pytest.raises(ValueError, match="settings for \\['opt'\\] only"):
         study.resolve(study.Config(model="bert", scale="formation"))

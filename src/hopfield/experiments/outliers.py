@@ -145,7 +145,8 @@ class ModelSettings:
     ``percentile`` (``None`` = min–max). Data: ``dataset``, ``max_train`` (first lines / images
     only, 0 = all; training sequences of ``"synthetic"``, 0 = 4096), ``cache_dir`` (tokenizers;
     "" = ``$HOPFIELD_CACHE`` or ``~/.cache/hopfield``), and for ``dataset="synthetic"`` (OPT only,
-    :mod:`hopfield.data.synthetic_text`) ``delimiter_rate`` and ``branching``.
+    :mod:`hopfield.data.synthetic_text`) ``delimiter_rate`` and ``branching``. ``init_std``: OPT's
+    initialisation std (``None`` = :func:`hopfield.integrations.build_model`'s 0.006 of OPT-125m).
     """
 
     family: str
@@ -180,6 +181,7 @@ class ModelSettings:
     cache_dir: str = ""
     delimiter_rate: float = 0.3
     branching: int = 8
+    init_std: float | None = None
 
 
 _TINY_ARCH: dict[str, Any] = dict(
@@ -316,6 +318,7 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             calibrate_on="train",
             delimiter_rate=0.3,
             branching=8,
+            init_std=0.02,
         ),
     },
     "paper": {
@@ -456,6 +459,7 @@ class Config:
     cache_dir: str | None = None
     delimiter_rate: float | None = None
     branching: int | None = None
+    init_std: float | None = None
 
 
 def resolve(config: Config) -> list[ModelSettings]:
@@ -498,6 +502,7 @@ def _architecture(settings: ModelSettings) -> dict[str, Any]:
             "word_embed_proj_dim": settings.hidden,
             "dropout": settings.dropout,
             "attention_dropout": 0.0,
+            **({} if settings.init_std is None else {"init_std": settings.init_std}),
         }
     return {
         **common,
