@@ -1136,8 +1136,9 @@ def _run(config: Config, ctx: RunContext) -> Results:
     device = "GPU" if torch.cuda.is_available() and not config.cpu else "CPU"
     results = Results(tables=[_search_table(entries)])
     results.notes.append(
-        f"Trained on {device} with {torch.get_num_threads()} thread(s); "
-        + ("no GPU was available in this session." if not torch.cuda.is_available() else "")
+        f"Trained on {device} with {torch.get_num_threads()} thread(s) per run, comparison runs "
+        f"{config.workers} at a time"
+        + ("; no GPU was available in this session." if not torch.cuda.is_available() else ".")
     )
     results.metrics.update(
         configs_tried=float(len(trained)),
