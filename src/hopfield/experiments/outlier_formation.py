@@ -1136,8 +1136,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
     device = "GPU" if torch.cuda.is_available() and not config.cpu else "CPU"
     results = Results(tables=[_search_table(entries)])
     results.notes.append(
-        f"Trained on {device} with {torch.get_num_threads()} thread(s) per run, comparison runs "
-        f"{config.workers} at a time"
+        f"Trained on {device} with {torch.get_num_threads()} thread(s) per run and "
+        f"{config.workers} worker process(es)"
         + ("; no GPU was available in this session." if not torch.cuda.is_available() else ".")
     )
     results.metrics.update(
