@@ -37,9 +37,10 @@ import multiprocessing
 import shutil
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -269,8 +270,9 @@ class Config:
 
     Machine: ``threads`` (``torch.set_num_threads`` during the run, 0 = leave), ``workers``
     (comparison runs trained at once, each in its own process with ``threads`` threads; the
-    search stays sequential because it stops at the first success), ``cpu`` (force the CPU), ``log_every`` (steps between ``max |x|`` log records), ``checkpoint_every`` (steps
-    between trainer checkpoints; 0 = only at the end), ``keep_checkpoints`` (keep them after the
+    search stays sequential because it stops at the first success), ``cpu`` (force the CPU),
+    ``log_every`` (steps between ``max |x|`` log records), ``checkpoint_every`` (steps between
+    trainer checkpoints; 0 = only at the end), ``keep_checkpoints`` (keep them after the
     evaluation).
     """
 
@@ -970,9 +972,9 @@ def _gap_pct(metrics: Mapping[str, Any]) -> float:
 
 
 #: The quantities Softmax_1 should lower (claim C-c), per run.
-_PAIR_METRICS: dict[str, Any] = {
-    "avg_kurtosis": lambda r: r["avg_kurtosis"],
-    "max_inf_norm": lambda r: r["max_inf_norm"],
+_PAIR_METRICS: dict[str, Callable[[Mapping[str, Any]], float]] = {
+    "avg_kurtosis": itemgetter("avg_kurtosis"),
+    "max_inf_norm": itemgetter("max_inf_norm"),
     "w8a8_gap_pct": _gap_pct,
 }
 

@@ -29,7 +29,8 @@ Presets (``scale``): ``tiny`` (seconds, tests), ``small`` (CPU: BERT 4 layers d 
 WikiText-2, OPT 6 layers d 128, ViT 4 layers d 128 on MNIST; 3 training seeds), ``paper`` (BERT-base
 seq 128, OPT-125m block 512, ViT-S/16 on ImageNet, the authors' optimiser settings and steps),
 ``formation`` (OPT only: the recipe under which the ``outlier-formation`` search formed outliers on
-2 CPU cores, synthetic delimiter streams, 3 training seeds). Every per-model setting can be overridden with ``--set NAME=VALUE`` (``None`` = the scale's value).
+2 CPU cores, synthetic delimiter streams, 3 training seeds). Every per-model setting can be
+overridden with ``--set NAME=VALUE`` (``None`` = the scale's value).
 """
 
 from __future__ import annotations
