@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+import hopfield.experiments.outlier_formation as of
 from hopfield.data import DataNotFoundError
 from hopfield.experiments import get, run_experiment
 from hopfield.experiments import outliers as study
@@ -148,6 +150,33 @@ def test_formation_preset_is_the_recipe_on_synthetic_data(tmp_path: Path) -> Non
         0.0,
     )
     assert opt.init_std == 0.02  # the outlier-formation models', not OPT-125m's 0.006
+    # the same recipe as the outlier-formation search's successful point
+    recipe = replace(
+        of.PRESETS["small"], grid={}, pre_ln=True, lr=1e-2, num_layers=6, vocab_size=512
+    )
+    assert (opt.layers, opt.hidden, opt.heads, opt.ffn, opt.vocab_size, opt.seq_len) == (
+        recipe.num_layers,
+        recipe.hidden_size,
+        recipe.num_heads,
+        recipe.ffn_dim,
+        recipe.vocab_size,
+        recipe.seq_len,
+    )
+    assert (opt.steps, opt.batch_size, opt.lr, opt.schedule, opt.weight_decay) == (
+        recipe.steps,
+        recipe.batch_size,
+        recipe.lr,
+        recipe.schedule,
+        recipe.weight_decay,
+    )
+    assert opt.warmup_steps == int(recipe.warmup_fraction * recipe.steps)
+    assert (opt.decay_norm_weights, opt.init_std, opt.delimiter_rate, opt.branching) == (
+        recipe.ln_weight_decay,
+        recipe.init_std,
+        recipe.delimiter_rate,
+        recipe.branching,
+    )
+    assert recipe.pre_ln and opt.percentile is recipe.percentile is None
     assert study.PRESETS["formation"].seeds == 3 and "formation" in get("outliers-opt").presets
     with pytest.raises(ValueError, match="settings for \\['opt'\\] only"):
         study.resolve(study.Config(model="bert", scale="formation"))
