@@ -74,16 +74,13 @@ RELATIVE_THRESHOLD = 0.1
 
 
 @dataclass
-class Config:
-    """Settings of the memory-capacity experiment.
+class RetrievalStudy:
+    """Settings shared by the memory-capacity and noise-robustness experiments.
 
     Attributes:
         datasets: image datasets; the first is required, the others are skipped with a note
             where their files are absent.
         split: the split the images come from (the project's MNIST copy holds only ``test``).
-        memory_sizes: the memory sizes M.
-        queries: corruptions, ``"half"`` (bottom half zeroed) and/or ``"noise"``.
-        noise_std: σ of the ``"noise"`` corruption.
         memory_sets: disjoint memory sets per point (fewer where the dataset is too small).
         steps: update-step counts at which the retrieval is scored.
         models: the OutEffHop-study models (at ``beta``).
@@ -94,7 +91,6 @@ class Config:
         efficient_normalize: the nonparametric study retrieves standardised pixels (as its code);
             its outputs are mapped back to ``[0, 1]`` before scoring.
         energy_tolerance: relative energy rise tolerated in float32 when checking descent.
-        throughput: ``(stored, queries, d)`` of the throughput benchmark, or ``None``.
         figure: draw the figure.
         threads: torch CPU threads during the run (``None``: leave as is). One thread is
             faster for these many mid-sized products on a shared 2-core machine.
@@ -102,9 +98,6 @@ class Config:
 
     datasets: tuple[str, ...] = ("mnist", "cifar10")
     split: str = "test"
-    memory_sizes: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000)
-    queries: tuple[str, ...] = ("half",)
-    noise_std: float = 0.1
     memory_sets: int = 5
     steps: tuple[int, ...] = (1, 3)
     models: tuple[str, ...] = OUTEFFHOP_MODELS
@@ -114,10 +107,26 @@ class Config:
     efficient_betas: tuple[tuple[str, float], ...] = EFFICIENT_BETAS
     efficient_normalize: bool = True
     energy_tolerance: float = 1e-5
-    throughput: tuple[int, int, int] | None = None
     figure: bool = True
     threads: int | None = 1
     seed: int = 0
+
+
+@dataclass
+class Config(RetrievalStudy):
+    """Settings of the memory-capacity experiment (the shared ones: :class:`RetrievalStudy`).
+
+    Attributes:
+        memory_sizes: the memory sizes M.
+        queries: corruptions, ``"half"`` (bottom half zeroed) and/or ``"noise"``.
+        noise_std: σ of the ``"noise"`` corruption.
+        throughput: ``(stored, queries, d)`` of the throughput benchmark, or ``None``.
+    """
+
+    memory_sizes: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000)
+    queries: tuple[str, ...] = ("half",)
+    noise_std: float = 0.1
+    throughput: tuple[int, int, int] | None = None
 
 
 PRESETS = {
@@ -204,7 +213,7 @@ def standardisation(dataset: str, images: Tensor) -> tuple[float, float]:
     return float(images.mean()), float(images.std())
 
 
-def study_models(config: Any, dataset: str, images: Tensor) -> list[Model]:
+def study_models(config: RetrievalStudy, dataset: str, images: Tensor) -> list[Model]:
     """The OutEffHop-study models (at ``beta`` and every ``extra_betas``) and the
     nonparametric-study models (at the dataset's β, on standardised pixels if
     ``efficient_normalize``) of ``config`` for ``dataset``."""
@@ -336,7 +345,7 @@ class Point:
 
 
 def sweep(
-    config: Any,
+    config: RetrievalStudy,
     ctx: RunContext,
     cases: Sequence[tuple[str, int, float]],
     checkpoint: str,

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopfield.experiments.memory_capacity import (
-    EFFICIENT_BETAS,
-    EFFICIENT_MODELS,
-    OUTEFFHOP_MODELS,
     Point,
+    RetrievalStudy,
     draw_sweep,
     energy_trend,
     identity_trend,
@@ -31,31 +29,17 @@ from hopfield.experiments.results import Results, RunContext, Table
 
 
 @dataclass
-class Config:
-    """Settings of the noise-robustness experiment (other fields as in ``memory-capacity``).
+class Config(RetrievalStudy):
+    """Settings of the noise-robustness experiment (the shared ones:
+    :class:`hopfield.experiments.memory_capacity.RetrievalStudy`).
 
     Attributes:
         memory_size: the fixed number of stored images M.
         noise_stds: the σ sweep.
-        threads: torch CPU threads during the run (``None``: leave as is).
     """
 
-    datasets: tuple[str, ...] = ("mnist", "cifar10")
-    split: str = "test"
     memory_size: int = 100
     noise_stds: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
-    memory_sets: int = 5
-    steps: tuple[int, ...] = (1, 3)
-    models: tuple[str, ...] = OUTEFFHOP_MODELS
-    beta: float = 1.0
-    extra_betas: tuple[float, ...] = (0.02,)
-    efficient_models: tuple[str, ...] = EFFICIENT_MODELS
-    efficient_betas: tuple[tuple[str, float], ...] = EFFICIENT_BETAS
-    efficient_normalize: bool = True
-    energy_tolerance: float = 1e-5
-    figure: bool = True
-    threads: int | None = 1
-    seed: int = 0
 
 
 PRESETS = {
