@@ -23,7 +23,7 @@ from hopfield.experiments.convergence import (
 )
 from hopfield.experiments.results import RunContext
 from hopfield.functional import Softmax, SoftmaxN, Sparsemax
-from hopfield.nn.vision import (
+from hopfield.models.vision import (
     HopfieldBlock,
     PatchEmbedding,
     VisionHopfield,

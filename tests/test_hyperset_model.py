@@ -9,6 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hopfield.models.hyperset import (
+    image_classifier,
+    masked_token_loss,
+    masked_token_model,
+    patchify,
+    sudoku_model,
+)
 from hopfield.nn.hyperset import (
     CRATELayer,
     HyperSETEncoder,
@@ -34,13 +41,6 @@ from hopfield.nn.hyperset_energy import (
     sinusoidal_positions_2d,
     split_heads,
     time_embedding,
-)
-from hopfield.nn.hyperset_models import (
-    image_classifier,
-    masked_token_loss,
-    masked_token_model,
-    patchify,
-    sudoku_model,
 )
 
 D64 = torch.float64

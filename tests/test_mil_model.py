@@ -15,7 +15,7 @@ from hopfield.experiments.mil_common import torch_threads
 from hopfield.functional import Dense, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
-from hopfield.nn.mil import (
+from hopfield.models.mil import (
     POOLING_METHODS,
     MILNet,
     evaluate,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hopfield.functional import ClippedSoftmax, Entmax, Softmax, SoftmaxN, Sparsemax
+from hopfield.models.stanhop import Association, SegmentEmbedding, SegmentMerging, STanHopNet
 from hopfield.nn import GatedAttention
-from hopfield.nn.stanhop import Association, SegmentEmbedding, SegmentMerging, STanHopNet
 
 
 def test_segment_embedding_front_pads_with_the_first_step() -> None:

@@ -12,7 +12,7 @@ from hopfield.experiments.stanhop_outliers import (
     paper_table2,
     top_two_count,
 )
-from hopfield.nn.stanhop import ASSOCIATION_KINDS
+from hopfield.models.stanhop import ASSOCIATION_KINDS
 
 
 def test_paper_table2_and_the_25_of_30_claim() -> None:

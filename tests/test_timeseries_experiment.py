@@ -19,7 +19,7 @@ from hopfield.experiments.timeseries_hopfield import (
 )
 from hopfield.functional.efficient import TopK, Window
 from hopfield.functional.structures import Dense
-from hopfield.nn.forecasting import HopfieldForecaster
+from hopfield.models.forecasting import HopfieldForecaster
 
 
 @pytest.mark.parametrize("name", MODELS)

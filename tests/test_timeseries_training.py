@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from hopfield.data.timeseries import load_forecasting
-from hopfield.nn.forecasting import TrainConfig, evaluate, fit, learning_rate
+from hopfield.models.forecasting import TrainConfig, evaluate, fit, learning_rate
 
 
 class Flat(nn.Module):

@@ -2,7 +2,7 @@
 
 OutEffHop (Hu et al., 2024), App. D.2 "faster convergence" (Figure 7 of the ICML/arXiv version,
 Figure 6 of the workshop version) with the hyper-parameters of its Table 3: a ViT whose attention
-is a Hopfield layer (:class:`hopfield.nn.vision.VisionHopfield`) with the separation map
+is a Hopfield layer (:class:`hopfield.models.vision.VisionHopfield`) with the separation map
 
 * ``dense``: softmax (Ramsauer et al., 2020),
 * ``sparse``: sparsemax (Hu et al., 2023),
@@ -40,7 +40,7 @@ from hopfield.data.images import load_image_dataset
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
-from hopfield.nn.vision import VisionHopfield, vision_hopfield_parameters
+from hopfield.models.vision import VisionHopfield, vision_hopfield_parameters
 from hopfield.training import SCHEDULES, Trainer, TrainingConfig
 
 __all__ = ["MODELS", "PAPER_TABLE3", "PRESETS", "Config", "build_model", "run"]

@@ -35,8 +35,8 @@ from hopfield.experiments.hyperset_common import (
 from hopfield.experiments.hyperset_sudoku import VARIANTS
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.models.hyperset import ImageClassifier, image_classifier
 from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
-from hopfield.nn.hyperset_models import ImageClassifier, image_classifier
 
 # Table 1 (top-1 %, 1 layer × 12 iterations): CIFAR-10, CIFAR-100, ImageNet-100; params (M).
 PAPER_TABLE1 = {

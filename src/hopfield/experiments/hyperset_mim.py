@@ -23,13 +23,13 @@ from hopfield.data.images import load_image_dataset
 from hopfield.experiments.hyperset_common import threads_limited, train_model
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
-from hopfield.nn.hyperset import count_parameters
-from hopfield.nn.hyperset_models import (
+from hopfield.models.hyperset import (
     MaskedTokenModel,
     masked_token_loss,
     masked_token_model,
     patchify,
 )
+from hopfield.nn.hyperset import count_parameters
 
 # Table 2 (ImageNet-100, 40 % masked): params (M), PSNR, SSIM, MS-SSIM, LPIPS, FID.
 PAPER_TABLE2 = {
@@ -101,7 +101,7 @@ def tokenize(images: Tensor, centroids: Tensor, grid: int) -> Tensor:
 
 
 def decode(codes: Tensor, centroids: Tensor, grid: int, channels: int, size: int) -> Tensor:
-    """Images ``(B, C, H, W)`` from codes (inverse of :func:`~hopfield.nn.hyperset_models.patchify`)."""
+    """Images ``(B, C, H, W)`` from codes (inverse of :func:`~hopfield.models.hyperset.patchify`)."""
     p = size // grid
     patches = centroids[codes].reshape(-1, grid, grid, channels, p, p)
     return patches.permute(0, 3, 1, 4, 2, 5).reshape(-1, channels, size, size)

@@ -41,8 +41,8 @@ from hopfield.experiments.hyperset_common import (
 )
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.models.hyperset import SudokuModel, sudoku_model
 from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
-from hopfield.nn.hyperset_models import SudokuModel, sudoku_model
 
 # Fig. 3b: mean board accuracy (%) of 3 runs at 24, 28, ..., 48 test iterations (trained with 24).
 PAPER_EXTRAPOLATION = {

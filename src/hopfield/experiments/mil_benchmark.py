@@ -26,7 +26,7 @@ from hopfield.data.mil import MILDataset, load_mil_dataset
 from hopfield.experiments.mil_common import RunStore, mean_pm_std, run_tasks, torch_threads
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.nn.mil import MILNet, standardize, train_mil
+from hopfield.models.mil import MILNet, standardize, train_mil
 
 PAPER_TABLE5: dict[str, dict[str, float]] = {
     "dense": {"tiger": 0.813, "fox": 0.563, "elephant": 0.877, "ucsb": 0.524},

@@ -18,7 +18,7 @@ from hopfield.data.mil import make_bit_pattern_bags
 from hopfield.experiments.mil_common import RunStore, mean_pm_std, torch_threads
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.nn.mil import MILNet, train_mil
+from hopfield.models.mil import MILNet, train_mil
 
 
 @dataclass

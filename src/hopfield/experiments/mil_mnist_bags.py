@@ -1,7 +1,7 @@
 """``mil-mnist-bags``: MIL on MNIST bags, test accuracy vs bag size (nonparametric paper, G.2).
 
 A bag of ``M`` digit images is positive when it holds a 9 (exactly one, at a random position);
-balanced signal / non-signal bags. The model (:class:`hopfield.nn.mil.MILNet`) embeds the
+balanced signal / non-signal bags. The model (:class:`hopfield.models.mil.MILNet`) embeds the
 images, pools them with a Hopfield pooling of each member of the model family (Dense, Sparse,
 Top-K 20/50/80 %, Random features, Random mask, Linear, OutEffHop) and classifies the bag.
 Reported: test accuracy at the best-validation epoch, mean ± std over seeds, per bag size
@@ -25,7 +25,7 @@ from hopfield.data.mil import load_mnist_bag_pools, make_mnist_bags
 from hopfield.experiments.mil_common import RunStore, mean_pm_std, run_tasks, torch_threads
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.nn.mil import MILNet, train_mil
+from hopfield.models.mil import MILNet, train_mil
 
 PAPER_METHODS = (
     "dense",

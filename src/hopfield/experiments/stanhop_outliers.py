@@ -26,8 +26,8 @@ import torch
 from hopfield.data.timeseries import ForecastSplits, load_forecasting
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.nn.forecasting import TrainConfig, evaluate, fit
-from hopfield.nn.stanhop import ASSOCIATION_KINDS, Association, STanHopNet
+from hopfield.models.forecasting import TrainConfig, evaluate, fit
+from hopfield.models.stanhop import ASSOCIATION_KINDS, Association, STanHopNet
 from hopfield.outliers import ActivationRecorder, quantize_w8a8
 
 #: (dataset, horizon, in_len, seg_len, learning rate, batch size).
@@ -173,7 +173,7 @@ class Config:
     Attributes:
         seed: first seed; ``seeds`` runs per setting and model (paper: 10 repeats).
         settings: ``(dataset, horizon, in_len, seg_len, lr, batch)`` tuples (:data:`PAPER_SETTINGS`).
-        models: association kinds (:data:`hopfield.nn.stanhop.ASSOCIATION_KINDS`).
+        models: association kinds (:data:`hopfield.models.stanhop.ASSOCIATION_KINDS`).
         max_rows: use only the first rows of each series (then a 70/10/20 split).
         d_model, d_ff, num_heads, e_layers, factor, win_size, dropout: STanHop-Net (paper runs:
             256, 512, 4, 11, 10, 1, 0.5 — 35.13M parameters without the position tables).

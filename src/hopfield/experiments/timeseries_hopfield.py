@@ -1,6 +1,6 @@
 """Nonparametric Hopfield forecasters on ETTh1, ETTm1 and WTH (Table 6 and Figure 5 of Hu et al.).
 
-One :class:`~hopfield.nn.forecasting.HopfieldForecaster` per model family (dense, sparse, top-K
+One :class:`~hopfield.models.forecasting.HopfieldForecaster` per model family (dense, sparse, top-K
 20/50/80 %, window, random features, linear, plus OutEffHop), univariate setting (target column
 in and out), input length = horizon, 70/10/20 split with train-only standardisation. Reports the
 test MSE and MAE of the best-validation epoch, averaged over seeds, beside the paper's numbers,
@@ -23,7 +23,7 @@ from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.structures import Dense, Structure
-from hopfield.nn.forecasting import HopfieldForecaster, TrainConfig, fit
+from hopfield.models.forecasting import HopfieldForecaster, TrainConfig, fit
 
 MODELS = (
     "dense",

@@ -13,7 +13,7 @@ the learned per-token, per-channel step sizes from a sinusoidal iteration embedd
 ``K = 1``), optionally with depth-wise LoRA. :class:`SharedTransformerEncoder` is the paper's
 baseline, a pre-norm Transformer layer applied ``L`` times. Task models (Sudoku, image
 classification, masked token modelling) and the paper configurations live in
-:mod:`hopfield.nn.hyperset_models`.
+:mod:`hopfield.models.hyperset`.
 """
 
 from __future__ import annotations

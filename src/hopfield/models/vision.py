@@ -15,7 +15,7 @@ sparsemax, OutEffHop = Softmax_1). The layout follows the authors' ``ThreeLayerV
 Example::
 
     from hopfield.functional import SoftmaxN
-    from hopfield.nn.vision import VisionHopfield
+    from hopfield.models.vision import VisionHopfield
 
     model = VisionHopfield(image_size=28, in_channels=1, num_classes=10, patch_size=7,
                            embed_dim=64, num_heads=4, mlp_dim=128, depth=3,

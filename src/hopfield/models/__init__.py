@@ -1,0 +1,27 @@
+"""The papers' whole architectures, built from the layers of :mod:`hopfield.nn`.
+
+No training loop lives here: every model trains through :class:`hopfield.training.Trainer`.
+
+* :mod:`hopfield.models.hyperset`: Hyper-SET task models (Sudoku, image classification, masked
+  token modelling) and their Transformer baselines;
+* :mod:`hopfield.models.stanhop`: STanHop-Net (Hu et al. 2024) for multivariate forecasting;
+* :mod:`hopfield.models.forecasting`: the nonparametric paper's Hopfield forecaster;
+* :mod:`hopfield.models.mil`: the multiple-instance-learning network (Hopfield pooling of bags);
+* :mod:`hopfield.models.vision`: the small ViT-style Hopfield classifier of the convergence study.
+"""
+
+from hopfield.models.forecasting import HopfieldForecaster
+from hopfield.models.hyperset import ImageClassifier, MaskedTokenModel, SudokuModel
+from hopfield.models.mil import MILNet
+from hopfield.models.stanhop import STanHopNet
+from hopfield.models.vision import VisionHopfield
+
+__all__ = [
+    "HopfieldForecaster",
+    "ImageClassifier",
+    "MILNet",
+    "MaskedTokenModel",
+    "STanHopNet",
+    "SudokuModel",
+    "VisionHopfield",
+]
