@@ -53,8 +53,8 @@ def loss_fn(model: nn.Module, batch: Any) -> Tensor:
 def config(**kw: Any) -> TrainingConfig:
     base: dict[str, Any] = dict(
         max_steps=8,
-        batch_size=4,
-        grad_accum=2,
+        batch_size=8,
+        micro_batch_size=4,
         lr=1e-2,
         warmup_steps=2,
         checkpoint_every=3,
@@ -101,7 +101,13 @@ def test_lr_factor_schedules() -> None:
     [
         ("max_steps", 0),
         ("batch_size", 0),
-        ("grad_accum", 1.5),
+        ("micro_batch_size", 1.5),
+        ("stop_after", 0),
+        ("log_every", "week"),
+        ("eval_every", -1),
+        ("optimizer", "sgd"),
+        ("select_mode", "up"),
+        ("patience", -2),
         ("schedule", "step"),
         ("mixed_precision", "fp8"),
         ("lr", 0.0),
@@ -130,7 +136,7 @@ def test_parameter_groups_skip_bias_and_norm() -> None:
 
 def test_batch_order_is_a_function_of_seed_and_epoch() -> None:
     order = BatchOrder(10, 3, seed=5)
-    assert order.per_epoch == 3
+    assert order.per_epoch == 3 and order.accumulation == 1
     epoch0 = [order.indices(m) for m in range(3)]
     flat = [i for batch in epoch0 for i in batch]
     assert len(set(flat)) == 9 and all(len(b) == 3 for b in epoch0)
@@ -138,15 +144,29 @@ def test_batch_order_is_a_function_of_seed_and_epoch() -> None:
     assert epoch1 != epoch0
     again = BatchOrder(10, 3, seed=5)
     assert again.indices(4) == epoch1[1] and again.indices(0) == epoch0[0]  # random access
-    # two processes with batch 2 split the global batches of one process with batch 4
-    one = BatchOrder(12, 4, seed=1)
-    ranks = [BatchOrder(12, 2, seed=1, processes=2, rank=r) for r in range(2)]
-    for m in range(6):
-        assert ranks[0].indices(m) + ranks[1].indices(m) == one.indices(m)
     with pytest.raises(ValueError, match="global batch"):
         BatchOrder(3, 4)
     with pytest.raises(ValueError, match="rank"):
         BatchOrder(10, 2, processes=2, rank=2)
+    with pytest.raises(ValueError, match="multiple"):
+        BatchOrder(12, 6, micro_batch_size=4)
+    with pytest.raises(ValueError, match="micro"):
+        order.indices(0, micro=1)
+
+
+@pytest.mark.parametrize(("processes", "micro"), [(1, 2), (2, 1), (2, 2), (2, None), (4, 1)])
+def test_a_step_trains_on_the_same_examples_for_every_process_layout(
+    processes: int, micro: int | None
+) -> None:
+    one = BatchOrder(24, 4, seed=1)
+    layout = [
+        BatchOrder(24, 4, micro, seed=1, processes=processes, rank=r) for r in range(processes)
+    ]
+    for step in range(12):  # two epochs
+        examples = [
+            i for order in layout for k in range(order.accumulation) for i in order.indices(step, k)
+        ]
+        assert sorted(examples) == sorted(one.indices(step))
 
 
 def test_max_abs_monitor_records_only_while_active() -> None:
@@ -293,3 +313,114 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_epochs_evaluation_periods_and_training_metrics(tmp_path: Path) -> None:
+    def loss_and_metric(model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        x, y = batch
+        error = model(x) - y
+        return (error**2).mean(), {"mae": error.abs().mean()}
+
+    torch.manual_seed(0)
+    cfg = TrainingConfig(
+        epochs=3, batch_size=8, lr=1e-2, log_every="epoch", eval_every="epoch", cpu=True
+    )
+    run = Trainer(
+        Net(),
+        data(),
+        loss_and_metric,
+        cfg,
+        tmp_path,
+        progress=False,
+        evaluate=lambda m: {"one": 1.0},
+    )
+    assert run.steps_per_epoch == 5 and run.total_steps == 15
+    result = run.fit()
+    assert [r["step"] for r in result.log] == [5, 10, 15]
+    assert [r["epoch"] for r in result.log] == [0, 1, 2]
+    assert all("eval" in r and r["mae"] > 0 for r in result.log)
+    assert result.processes == 1 and result.best_step is None and result.best == {}
+
+
+def test_early_stopping_restores_the_best_weights(tmp_path: Path) -> None:
+    scores = iter([5.0, 3.0, 4.0, 3.0, 1.0])  # best at the 2nd evaluation, then 2 without gain
+    snapshots: list[Tensor] = []
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        snapshots.append(model.out.weight.detach().clone())
+        return {"val": next(scores)}
+
+    run = trainer(
+        tmp_path, max_steps=10, eval_every=2, select_metric="val", patience=2, evaluate=evaluate
+    )
+    result = run.fit()
+    assert result.stopped_early and result.finished and result.step == 8
+    assert result.best_step == 4 and result.best == {"val": 3.0}
+    assert result.log[-1]["stopped_early"] is True
+    # the weights restored are those evaluated at step 4, not those of step 8
+    assert len(snapshots) == 4
+    assert latest_checkpoint(tmp_path).name == "step-8"
+    state = torch.load(latest_checkpoint(tmp_path) / "trainer.pt", weights_only=False)
+    assert torch.equal(state["best_state"]["out.weight"], snapshots[1])
+    assert torch.equal(run.unwrapped.out.weight, snapshots[1])
+
+
+def test_early_stopping_resumes_with_its_counters(tmp_path: Path) -> None:
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        return {"val": float(model.out.weight.abs().sum())}
+
+    common: dict[str, Any] = dict(
+        max_steps=12,
+        eval_every=2,
+        select_metric="val",
+        select_mode="max",
+        patience=3,
+        checkpoint_every=2,
+    )
+    full = trainer(tmp_path / "full", evaluate=evaluate, **common)
+    reference = full.fit()
+    part = trainer(tmp_path / "part", evaluate=evaluate, **common)
+    part.fit(until_step=6)
+    resumed = trainer(tmp_path / "part", evaluate=evaluate, **common)
+    result = resumed.fit()
+    assert result.resumed_from == 6
+    assert (result.best_step, result.best, result.step) == (
+        reference.best_step,
+        reference.best,
+        reference.step,
+    )
+    for name, value in resumed.unwrapped.state_dict().items():
+        assert torch.equal(value, full.unwrapped.state_dict()[name]), name
+
+
+def test_select_metric_must_be_evaluated(tmp_path: Path) -> None:
+    run = trainer(tmp_path, max_steps=2, select_metric="val", evaluate=lambda m: {"x": 1.0})
+    with pytest.raises(KeyError, match="val"):
+        run.fit()
+    with pytest.raises(ValueError, match="patience"):
+        TrainingConfig(max_steps=2, patience=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        TrainingConfig(max_steps=2, epochs=1)
+
+
+def test_schedule_callable_optimizer_choice_and_stop_after(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = TrainingConfig(
+        max_steps=6,
+        batch_size=8,
+        lr=0.5,
+        optimizer="adam",
+        weight_decay=0.1,
+        log_every=1,
+        stop_after=4,
+        cpu=True,
+    )
+    run = Trainer(
+        Net(), data(), loss_fn, cfg, tmp_path, progress=False, schedule=lambda step: 0.5**step
+    )
+    assert isinstance(run.optimizer.optimizer, torch.optim.Adam) and not isinstance(
+        run.optimizer.optimizer, torch.optim.AdamW
+    )
+    result = run.fit()
+    assert [r["lr"] for r in result.log] == [0.5, 0.25, 0.125, 0.0625]
+    assert result.step == 4 and not result.finished

@@ -10,10 +10,22 @@ scalar``:
 * **AdamW** with a warm-up followed by a linear, cosine or constant schedule (:func:`lr_factor`);
   weight decay skips biases and normalisation weights unless ``decay_norm_weights`` (OPT's
   ``--wd_LN_gamma``);
+* **batches that do not depend on the process count**: ``batch_size`` is the *global* batch of
+  one optimiser step; each process runs micro-batches of ``micro_batch_size`` examples and
+  accumulates ``batch_size / (micro_batch_size × processes)`` of them. A preset therefore trains
+  the same recipe on a laptop and on 8 GPUs; only the micro-batch changes with the memory;
 * **data order** as a pure function of ``(seed, epoch)``: every epoch is a permutation drawn from
-  its own generator and cut into global batches (``batch_size × processes``; each process takes
-  its slice; the incomplete last batch is dropped). Micro-batch ``m`` of the run is always the
-  same examples, so a resumed run sees the data a continuous run sees;
+  its own generator, cut into global batches (the incomplete last batch is dropped). Optimiser
+  step ``s`` always trains on the same examples, whatever the process layout, so a 2-process run
+  follows the loss curve of a 1-process run with the same global batch, and a resumed run sees
+  the data a continuous run sees;
+* **epochs, evaluation and early stopping**: ``epochs`` instead of ``max_steps``; evaluation,
+  logging and checkpoints every N steps or every ``"epoch"``; the best evaluation (by
+  ``select_metric``) is tracked, its weights restored at the end (``restore_best``) and training
+  stops after ``patience`` evaluations without a strict improvement;
+* **several processes**: the logged loss, metrics and ``max |x|`` are reduced over the processes
+  (mean, mean, max), so the log is the log of the whole run; evaluation runs on every process on
+  the same weights (identical numbers, no communication), so early-stopping decisions agree;
 * **checkpoints** every ``checkpoint_every`` steps into ``out_dir/checkpoints/step-<N>/``: model,
   optimiser, schedule, loss scaler, the running log sums and every process's RNG states
   (Python, NumPy, torch, CUDA). :meth:`Trainer.fit` resumes from the newest one: a run stopped
@@ -33,13 +45,15 @@ Example::
         return model(**batch).loss
 
     trainer = Trainer(model, dataset, loss_fn, TrainingConfig(max_steps=1000, lr=1e-3,
-                      warmup_steps=100, batch_size=32, checkpoint_every=200, log_every=50),
+                      warmup_steps=100, batch_size=256, micro_batch_size=32,
+                      checkpoint_every=200, log_every=50),
                       out_dir="runs/bert", monitor=[r"bert\\.encoder\\.layer\\.\\d+\\.output\\.dense"])
     result = trainer.fit()          # resumes from runs/bert/checkpoints when present
     result.log[-1]["loss"]
 
 The batches given to ``loss_fn`` are ``collate_fn([dataset[i] for i in indices])`` moved to the
-accelerator's device. Randomness inside ``loss_fn`` (masking, dropout) must use the global torch
+accelerator's device. ``loss_fn`` may also return ``(loss, {name: scalar})``: the named training
+metrics are averaged like the loss and logged beside it. Randomness inside ``loss_fn`` (masking, dropout) must use the global torch
 RNG (or NumPy/Python's), whose states are checkpointed; evaluation runs under
 :func:`torch.random.fork_rng`, so it never changes the training randomness.
 """
@@ -65,6 +79,7 @@ from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "OPTIMIZERS",
     "SCHEDULES",
     "BatchOrder",
     "MaxAbsMonitor",
@@ -74,13 +89,19 @@ __all__ = [
     "latest_checkpoint",
     "lr_factor",
     "parameter_groups",
+    "process_layout",
     "read_log",
+    "steps_per_epoch",
 ]
 
 SCHEDULES = ("linear", "cosine", "constant")
+OPTIMIZERS = ("adamw", "adam")
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d+)")
+
+
+Period = int | str  # a number of optimiser steps, or "epoch"
 
 
 @dataclass
@@ -88,15 +109,22 @@ class TrainingConfig:
     """Optimiser, schedule and loop settings of :class:`Trainer`.
 
     Attributes:
-        max_steps: optimiser steps to train.
-        batch_size: examples per micro-batch **per process**.
-        grad_accum: micro-batches per optimiser step (the effective batch is
-            ``batch_size × grad_accum × processes``).
+        max_steps: optimiser steps to train (``None`` when ``epochs`` is given).
+        epochs: passes over the dataset instead of ``max_steps`` (``epochs × steps per epoch``
+            steps; a step per full global batch of an epoch).
+        batch_size: examples per optimiser step, over all processes and accumulated
+            micro-batches (the global batch).
+        micro_batch_size: examples per forward/backward pass on one process (``None``:
+            ``batch_size / processes``, no accumulation). ``batch_size`` must be a multiple of
+            ``micro_batch_size × processes``; the quotient is the gradient accumulation.
+        optimizer: ``"adamw"`` (decoupled weight decay) or ``"adam"`` (L2 penalty in the
+            gradient, as ``torch.optim.Adam``).
         lr: peak learning rate.
-        weight_decay: AdamW decoupled weight decay.
-        betas, eps: AdamW moments and epsilon.
-        schedule: ``"linear"`` (decay to ``min_lr_ratio · lr`` at ``max_steps``), ``"cosine"``
-            (half cosine to ``min_lr_ratio · lr``) or ``"constant"``, each after the warm-up.
+        weight_decay: weight decay (see ``optimizer``).
+        betas, eps: Adam moments and epsilon.
+        schedule: ``"linear"`` (decay to ``min_lr_ratio · lr`` at the last step), ``"cosine"``
+            (half cosine to ``min_lr_ratio · lr``) or ``"constant"``, each after the warm-up; a
+            ``schedule`` callable given to :class:`Trainer` replaces it.
         warmup_steps: linear warm-up from ``warmup_start_ratio · lr`` to ``lr``.
         warmup_start_ratio: learning-rate factor at step 0 (timm's ``warmup_lr / lr``).
         min_lr_ratio: final learning-rate factor (timm's ``min_lr / lr``).
@@ -104,17 +132,29 @@ class TrainingConfig:
         decay_norm_weights: also decay normalisation weights (LayerNorm γ); biases never decay.
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
         seed: seed of the data order (the global RNGs are seeded by the caller).
-        checkpoint_every: checkpoint every this many steps (``0`` = only at the end).
+        checkpoint_every: checkpoint period (steps or ``"epoch"``; ``0`` = only at the end).
         keep_checkpoints: how many of the newest checkpoints to keep.
-        log_every: write a log record every this many steps (and at evaluation steps).
-        eval_every: call ``evaluate`` every this many steps (``0`` = never during training;
-            always after the last step); its metrics go into that step's log record (``"eval"``).
+        log_every: log-record period (steps or ``"epoch"``); evaluation steps are logged too.
+        eval_every: period of ``evaluate`` (steps or ``"epoch"``; ``0`` = only after the last
+            step); its metrics go into that step's log record (``"eval"``).
+        select_metric: evaluation metric that decides the best step (``None``: no selection).
+        select_mode: ``"min"`` or ``"max"``: whether a smaller or a larger value is better.
+        patience: stop after this many evaluations without a strict improvement of
+            ``select_metric`` (``0``: never stop early).
+        restore_best: load the weights of the best evaluation at the end (with
+            ``select_metric``).
+        stop_after: end the run after this many steps although the schedule is that of the full
+            run (smoke runs of paper presets; ``None``: no limit). The result says it did not
+            finish.
+        find_unused_parameters: let DDP handle parameters that get no gradient in a step.
         cpu: force the CPU even where a GPU is present.
     """
 
-    max_steps: int
+    max_steps: int | None = None
+    epochs: int | None = None
     batch_size: int = 32
-    grad_accum: int = 1
+    micro_batch_size: int | None = None
+    optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -127,66 +167,100 @@ class TrainingConfig:
     decay_norm_weights: bool = False
     mixed_precision: str = "no"
     seed: int = 0
-    checkpoint_every: int = 0
+    checkpoint_every: Period = 0
     keep_checkpoints: int = 1
-    log_every: int = 100
-    eval_every: int = 0
+    log_every: Period = 100
+    eval_every: Period = 0
+    select_metric: str | None = None
+    select_mode: str = "min"
+    patience: int = 0
+    restore_best: bool = True
+    stop_after: int | None = None
+    find_unused_parameters: bool = False
     cpu: bool = False
 
     def __post_init__(self) -> None:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError(
+                f"give exactly one of max_steps and epochs, got max_steps={self.max_steps!r}, "
+                f"epochs={self.epochs!r}"
+            )
         positive: dict[str, Any] = {
-            "max_steps": self.max_steps,
             "batch_size": self.batch_size,
-            "grad_accum": self.grad_accum,
-            "log_every": self.log_every,
             "keep_checkpoints": self.keep_checkpoints,
         }
+        optional = {
+            "max_steps": self.max_steps,
+            "epochs": self.epochs,
+            "micro_batch_size": self.micro_batch_size,
+            "stop_after": self.stop_after,
+        }
+        positive.update({k: v for k, v in optional.items() if v is not None})
         for name, value in positive.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name, value in {
-            "warmup_steps": self.warmup_steps,
-            "checkpoint_every": self.checkpoint_every,
-            "eval_every": self.eval_every,
-        }.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+            _check_int(name, value, minimum=1)
+        _check_int("warmup_steps", self.warmup_steps, minimum=0)
+        _check_int("patience", self.patience, minimum=0)
+        for name in ("checkpoint_every", "log_every", "eval_every"):
+            value = getattr(self, name)
+            if value != "epoch":
+                _check_int(name, value, minimum=1 if name == "log_every" else 0, epoch=True)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(
                 f"mixed_precision must be 'no', 'fp16' or 'bf16', got {self.mixed_precision!r}"
             )
+        if self.select_mode not in ("min", "max"):
+            raise ValueError(f"select_mode must be 'min' or 'max', got {self.select_mode!r}")
+        if self.patience and self.select_metric is None:
+            raise ValueError("patience needs select_metric (the metric whose improvement counts)")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        for name, value in {
+        for name, ratio in {
             "warmup_start_ratio": self.warmup_start_ratio,
             "min_lr_ratio": self.min_lr_ratio,
         }.items():
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1], got {value}")
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {ratio}")
         self.betas = (float(self.betas[0]), float(self.betas[1]))
 
 
-def lr_factor(step: int, config: TrainingConfig) -> float:
+def _check_int(name: str, value: Any, minimum: int, epoch: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        expected = f"an int >= {minimum}" + (' or "epoch"' if epoch else "")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def steps_per_epoch(size: int, batch_size: int) -> int:
+    """Optimiser steps in one epoch of ``size`` examples at global batch ``batch_size``."""
+    return size // batch_size
+
+
+def lr_factor(step: int, config: TrainingConfig, total_steps: int | None = None) -> float:
     """The learning-rate multiplier used for optimiser step ``step`` (0-based).
 
     Warm-up: ``w0 + (1 - w0) · step / warmup_steps`` for ``step < warmup_steps`` (``w0`` =
-    ``warmup_start_ratio``). Then, with ``progress = (step - warmup) / (max_steps - warmup)``
+    ``warmup_start_ratio``). Then, with ``progress = (step - warmup) / (total - warmup)``
     clamped to ``[0, 1]`` and ``m = min_lr_ratio``: linear ``m + (1 - m)(1 - progress)``, cosine
-    ``m + (1 - m) · (1 + cos(π · progress)) / 2``, constant ``1``.
+    ``m + (1 - m) · (1 + cos(π · progress)) / 2``, constant ``1``. ``total`` is
+    ``total_steps`` or ``config.max_steps`` (an epoch-based config needs ``total_steps``).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    total = total_steps if total_steps is not None else config.max_steps
+    if total is None:
+        raise ValueError("total_steps is needed when the config counts epochs")
     warmup = config.warmup_steps
     if step < warmup:
         start = config.warmup_start_ratio
         return start + (1.0 - start) * step / warmup
     if config.schedule == "constant":
         return 1.0
-    span = max(1, config.max_steps - warmup)
+    span = max(1, total - warmup)
     progress = min(1.0, (step - warmup) / span)
     low = config.min_lr_ratio
     if config.schedule == "linear":
@@ -225,12 +299,17 @@ class BatchOrder:
     """The examples of every micro-batch: a pure function of ``(seed, epoch)``.
 
     Epoch ``e`` is ``torch.randperm(size)`` from a generator seeded with ``seed`` and ``e``, cut
-    into global batches of ``batch_size × processes`` examples (the incomplete rest is dropped);
-    process ``rank`` takes slice ``rank`` of each global batch.
+    into global batches of ``batch_size`` examples (the incomplete rest is dropped). Optimiser
+    step ``s`` trains on global batch ``s``; its ``accumulation = batch_size / (micro_batch_size
+    × processes)`` micro-steps take consecutive slices of ``micro_batch_size × processes``
+    examples, of which process ``rank`` takes slice ``rank``. The examples of a step therefore do
+    not depend on the process layout.
 
     Args:
         size: number of examples.
-        batch_size: examples per micro-batch per process.
+        batch_size: global examples per optimiser step.
+        micro_batch_size: examples per micro-batch on one process (``None``:
+            ``batch_size / processes``).
         seed: data-order seed.
         processes, rank: the process layout.
         shuffle: permute each epoch (else the natural order every epoch).
@@ -240,34 +319,44 @@ class BatchOrder:
         self,
         size: int,
         batch_size: int,
+        micro_batch_size: int | None = None,
         seed: int = 0,
         processes: int = 1,
         rank: int = 0,
         shuffle: bool = True,
     ) -> None:
-        if batch_size < 1 or processes < 1 or not 0 <= rank < processes:
+        if processes < 1 or not 0 <= rank < processes:
             raise ValueError(
-                f"batch_size, processes must be >= 1 and 0 <= rank < processes, got "
-                f"{batch_size}, {processes}, {rank}"
+                f"need processes >= 1 and 0 <= rank < processes, got {processes}, {rank}"
             )
-        self.global_batch = batch_size * processes
-        if size < self.global_batch:
+        _check_int("batch_size", batch_size, minimum=1)
+        micro = batch_size // processes if micro_batch_size is None else micro_batch_size
+        _check_int("micro_batch_size", micro, minimum=1)
+        if batch_size % (micro * processes):
             raise ValueError(
-                f"dataset: {size} examples are fewer than one global batch ({self.global_batch})"
+                f"batch_size ({batch_size}) must be a multiple of micro_batch_size × processes "
+                f"({micro} × {processes})"
             )
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.rank, self.shuffle = rank, shuffle
-        self.per_epoch = size // self.global_batch
+        if size < batch_size:
+            raise ValueError(
+                f"dataset: {size} examples are fewer than one global batch ({batch_size})"
+            )
+        self.size, self.batch_size, self.micro_batch_size = size, batch_size, micro
+        self.accumulation = batch_size // (micro * processes)
+        self.seed, self.processes, self.rank, self.shuffle = seed, processes, rank, shuffle
+        self.per_epoch = size // batch_size
         self._epoch = -1
         self._perm = torch.arange(size)
 
-    def epoch_of(self, micro: int) -> int:
-        """The epoch micro-batch ``micro`` (0-based over the whole run) belongs to."""
-        return micro // self.per_epoch
+    def epoch_of(self, step: int) -> int:
+        """The epoch optimiser step ``step`` (0-based over the whole run) belongs to."""
+        return step // self.per_epoch
 
-    def indices(self, micro: int) -> list[int]:
-        """Example indices of micro-batch ``micro`` for this process."""
-        epoch, offset = divmod(micro, self.per_epoch)
+    def indices(self, step: int, micro: int = 0) -> list[int]:
+        """Example indices of micro-step ``micro`` of optimiser step ``step`` on this process."""
+        if not 0 <= micro < self.accumulation:
+            raise ValueError(f"micro must lie in [0, {self.accumulation}), got {micro}")
+        epoch, offset = divmod(step, self.per_epoch)
         if epoch != self._epoch:
             if self.shuffle:
                 generator = torch.Generator().manual_seed(
@@ -275,8 +364,9 @@ class BatchOrder:
                 )
                 self._perm = torch.randperm(self.size, generator=generator)
             self._epoch = epoch
-        start = offset * self.global_batch + self.rank * self.batch_size
-        return self._perm[start : start + self.batch_size].tolist()
+        width = self.micro_batch_size
+        start = offset * self.batch_size + (micro * self.processes + self.rank) * width
+        return self._perm[start : start + width].tolist()
 
 
 class MaxAbsMonitor:
@@ -344,13 +434,32 @@ class TrainResult:
         step: optimiser steps done.
         log: every log record (also in ``out_dir/log.jsonl``).
         resumed_from: the step of the checkpoint the run resumed from, or ``None``.
-        finished: whether ``max_steps`` was reached.
+        finished: whether the run reached its last step (or stopped early by ``patience``).
+        stopped_early: whether ``patience`` ended the run.
+        best_step: the step of the best evaluation by ``select_metric`` (``None`` without one).
+        best: that evaluation's metrics (empty without ``select_metric``).
+        processes: how many processes trained the run.
     """
 
     step: int
     log: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
     finished: bool = True
+    stopped_early: bool = False
+    best_step: int | None = None
+    best: dict[str, float] = field(default_factory=dict)
+    processes: int = 1
+
+
+def process_layout() -> tuple[int, int]:
+    """``(rank, processes)`` of this process: from ``torch.distributed`` when it is initialised,
+    else from the ``RANK``/``WORLD_SIZE`` variables that ``torchrun`` and ``accelerate launch``
+    set, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
@@ -399,14 +508,19 @@ class Trainer:
     Args:
         model: the model (moved to the accelerator's device).
         dataset: a sized, indexable collection of examples.
-        loss_fn: ``loss_fn(model, batch) -> scalar Tensor`` (the mean loss of the micro-batch).
+        loss_fn: ``loss_fn(model, batch)`` returning the mean loss of the micro-batch (a scalar
+            Tensor), or ``(loss, {name: scalar})`` with training metrics to log beside it.
         config: :class:`TrainingConfig`.
         out_dir: folder of the log and checkpoints.
         collate_fn: ``list of examples -> batch`` (default: :func:`torch.utils.data.default_collate`).
         monitor: module-name patterns whose output ``max |x|`` is logged (names of the model as
             given, before any wrapping).
         evaluate: ``evaluate(model) -> {metric: value}``, called in eval mode without gradients
-            every ``eval_every`` steps and at the end; the model is put back in training mode.
+            at every evaluation step and at the end; the model is put back in training mode.
+            It runs on every process with the same weights and must give the same numbers there
+            (evaluate a fixed set; randomness from the global RNGs is forked and identical).
+        schedule: ``schedule(step) -> learning-rate factor`` for 0-based optimiser steps,
+            replacing ``config.schedule`` (e.g. a per-epoch schedule of a paper).
         accelerator: an existing :class:`accelerate.Accelerator` (default: a new one from
             ``config.mixed_precision`` and ``config.cpu``).
         progress: draw a progress bar on the main process.
@@ -416,13 +530,14 @@ class Trainer:
         self,
         model: nn.Module,
         dataset: Any,
-        loss_fn: Callable[[nn.Module, Any], Tensor],
+        loss_fn: Callable[[nn.Module, Any], Any],
         config: TrainingConfig,
         out_dir: str | os.PathLike[str],
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         monitor: Sequence[str] = (),
         evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
+        schedule: Callable[[int], float] | None = None,
         accelerator: Any = None,
         progress: bool = True,
     ) -> None:
@@ -434,8 +549,14 @@ class Trainer:
             raise TypeError("dataset must be sized and indexable (len(dataset), dataset[i])")
         if accelerator is None:
             from accelerate import Accelerator
+            from accelerate.utils import DistributedDataParallelKwargs
 
-            accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=config.cpu)
+            ddp = DistributedDataParallelKwargs(
+                find_unused_parameters=config.find_unused_parameters
+            )
+            accelerator = Accelerator(
+                mixed_precision=config.mixed_precision, cpu=config.cpu, kwargs_handlers=[ddp]
+            )
         self.accelerator = accelerator
         self.config = config
         self.dataset = dataset
@@ -448,23 +569,40 @@ class Trainer:
         self.order = BatchOrder(
             len(dataset),
             config.batch_size,
+            config.micro_batch_size,
             config.seed,
             accelerator.num_processes,
             accelerator.process_index,
         )
-        optimizer = torch.optim.AdamW(
-            parameter_groups(model, config.weight_decay, config.decay_norm_weights),
-            lr=config.lr,
-            betas=config.betas,
-            eps=config.eps,
+        self.steps_per_epoch = self.order.per_epoch
+        self.total_steps = (
+            config.max_steps
+            if config.max_steps is not None
+            else int(config.epochs or 0) * self.steps_per_epoch
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, config)
-        )
+        if self.total_steps < 1:
+            raise ValueError("config: the run has no optimiser step (epochs × steps per epoch = 0)")
+        self.checkpoint_every = self._period(config.checkpoint_every)
+        self.log_every = self._period(config.log_every)
+        self.eval_every = self._period(config.eval_every)
+        optimizer = self._optimizer(model)
+        factor = schedule or (lambda step: lr_factor(step, config, self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.step = 0
-        self._sums = {"loss": 0.0, "steps": 0}
+        self._sums: dict[str, float] = {"steps": 0}
+        self._selection: dict[str, Any] = {"best": None, "step": None, "metrics": {}, "bad": 0}
+        self._best_state: dict[str, Tensor] | None = None
         self.log: list[dict[str, Any]] = []
+
+    def _period(self, value: Period) -> int:
+        return self.steps_per_epoch if value == "epoch" else int(value)
+
+    def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        cfg = self.config
+        groups = parameter_groups(model, cfg.weight_decay, cfg.decay_norm_weights)
+        kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        return kind(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
     @property
     def unwrapped(self) -> nn.Module:
@@ -494,6 +632,8 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "sums": dict(self._sums),
+                "selection": dict(self._selection),
+                "best_state": self._best_state,
                 "log": self.log,
                 "config": asdict(self.config),
                 "processes": acc.num_processes,
@@ -518,7 +658,7 @@ class Trainer:
         if state["processes"] != self.accelerator.num_processes:
             raise ValueError(
                 f"path: checkpoint was written by {state['processes']} processes, this run has "
-                f"{self.accelerator.num_processes}; the data order would differ"
+                f"{self.accelerator.num_processes}; the random states per process would differ"
             )
         self.unwrapped.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -528,6 +668,8 @@ class Trainer:
             scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self._sums = dict(state["sums"])
+        self._selection = dict(state.get("selection", self._selection))  # 0.1.0: none saved
+        self._best_state = state.get("best_state")
         self.log = list(state["log"])
         rng = torch.load(
             path / f"rng-{self.accelerator.process_index}.pt",
@@ -541,7 +683,7 @@ class Trainer:
     def _batch(self, micro: int) -> Any:
         from accelerate.utils import send_to_device
 
-        examples = [self.dataset[i] for i in self.order.indices(micro)]
+        examples = [self.dataset[i] for i in self.order.indices(self.step, micro)]
         return send_to_device(self.collate_fn(examples), self.accelerator.device)
 
     def _write_log(self) -> None:
@@ -562,19 +704,27 @@ class Trainer:
         self.model.train()
         return metrics
 
-    def _train_step(self) -> tuple[float, float]:
+    def _micro_step(self, micro: int, last: bool) -> dict[str, float]:
+        acc = self.accelerator
+        batch = self._batch(micro)
+        context = acc.no_sync(self.model) if not last else nullcontext()
+        with context, acc.autocast():
+            out = self.loss_fn(self.model, batch)
+            loss, metrics = out if isinstance(out, tuple) else (out, {})
+            if not isinstance(loss, Tensor) or loss.dim() != 0:
+                raise TypeError("loss_fn must return a scalar Tensor or (scalar Tensor, dict)")
+            acc.backward(loss / self.order.accumulation)
+        values = {"loss": float(loss.detach())}
+        values.update({k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()})
+        return values
+
+    def _train_step(self) -> float:
         acc, cfg = self.accelerator, self.config
-        total = 0.0
-        for k in range(cfg.grad_accum):
-            batch = self._batch(self.step * cfg.grad_accum + k)
-            last = k == cfg.grad_accum - 1
-            context = acc.no_sync(self.model) if not last else nullcontext()
-            with context, acc.autocast():
-                loss = self.loss_fn(self.model, batch)
-                if not isinstance(loss, Tensor) or loss.dim() != 0:
-                    raise TypeError("loss_fn must return a scalar Tensor")
-                acc.backward(loss / cfg.grad_accum)
-            total += float(loss.detach()) / cfg.grad_accum
+        accumulation = self.order.accumulation
+        for k in range(accumulation):
+            for name, value in self._micro_step(k, k == accumulation - 1).items():
+                self._sums[name] = self._sums.get(name, 0.0) + value / accumulation
+        self._sums["steps"] += 1
         if cfg.grad_clip:
             norm = acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         else:
@@ -584,10 +734,58 @@ class Trainer:
         if not acc.optimizer_step_was_skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total, float(norm)
+        return float(norm)
+
+    def _reduced_sums(self) -> dict[str, float]:
+        """The running means since the last record, averaged over the processes."""
+        steps = max(self._sums["steps"], 1)
+        names = sorted(k for k in self._sums if k != "steps")
+        local = torch.tensor([self._sums[k] / steps for k in names], dtype=torch.float64)
+        if self.accelerator.num_processes > 1:
+            local = _all_reduce(local, "mean")
+        self._sums = {"steps": 0}
+        return dict(zip(names, local.tolist(), strict=True))
+
+    def _reduced_max_abs(self) -> dict[str, float]:
+        values = self.monitor.collect()
+        if self.accelerator.num_processes == 1 or not self.monitor.names:
+            return values
+        local = torch.tensor(
+            [values.get(n, -math.inf) for n in self.monitor.names], dtype=torch.float64
+        )
+        merged = _all_reduce(local, "max").tolist()
+        return {n: v for n, v in zip(self.monitor.names, merged, strict=True) if v > -math.inf}
+
+    def _select(self, metrics: Mapping[str, float]) -> bool:
+        """Track the best evaluation; whether ``patience`` says to stop."""
+        cfg = self.config
+        if cfg.select_metric is None:
+            return False
+        if cfg.select_metric not in metrics:
+            raise KeyError(
+                f"select_metric {cfg.select_metric!r} is not among the evaluation metrics "
+                f"{sorted(metrics)}"
+            )
+        value = metrics[cfg.select_metric]
+        best = self._selection["best"]
+        better = not math.isnan(value) and (
+            best is None or (value < best if cfg.select_mode == "min" else value > best)
+        )
+        if better:
+            self._selection.update(best=value, step=self.step, metrics=dict(metrics), bad=0)
+            if cfg.restore_best:
+                self._best_state = {
+                    k: v.detach().cpu().clone() for k, v in self.unwrapped.state_dict().items()
+                }
+        else:
+            self._selection["bad"] += 1
+        return bool(cfg.patience) and self._selection["bad"] >= cfg.patience
+
+    def _due(self, period: int, step: int) -> bool:
+        return bool(period) and step % period == 0
 
     def fit(self, *, resume: bool = True, until_step: int | None = None) -> TrainResult:
-        """Train to ``config.max_steps`` (or stop after ``until_step``), resuming if possible.
+        """Train to the last step (or stop after ``until_step``), resuming if possible.
 
         Args:
             resume: continue from the newest checkpoint in ``out_dir`` (if any); ``False``
@@ -596,10 +794,12 @@ class Trainer:
                 long run into several jobs.
 
         Returns:
-            :class:`TrainResult`; ``result.log`` holds every record since step 0.
+            :class:`TrainResult`; ``result.log`` holds every record since step 0. With
+            ``select_metric`` and ``restore_best`` the model holds the best weights afterwards.
         """
         cfg, acc = self.config, self.accelerator
-        end = cfg.max_steps if until_step is None else min(until_step, cfg.max_steps)
+        limits = [self.total_steps, until_step, cfg.stop_after]
+        end = min(x for x in limits if x is not None)
         resumed_from = None
         checkpoint = latest_checkpoint(self.out_dir) if resume else None
         if checkpoint is not None:
@@ -611,57 +811,81 @@ class Trainer:
             shutil.rmtree(self.out_dir / CHECKPOINT_DIR, ignore_errors=True)
         acc.wait_for_everyone()
         self.model.train()
+        stopped = bool(self.log and self.log[-1].get("stopped_early"))
         bar = None
         if self.progress and acc.is_main_process:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", dynamic_ncols=True)
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
         try:
-            while self.step < end:
-                upcoming = self.step + 1
-                evaluate_now = upcoming == cfg.max_steps or bool(
-                    cfg.eval_every and upcoming % cfg.eval_every == 0
-                )
-                log_now = evaluate_now or upcoming % cfg.log_every == 0
-                lr = self.scheduler.get_last_lr()[0]
-                if log_now:
-                    self.monitor.start()
-                loss, norm = self._train_step()
-                self.step += 1
-                self._sums["loss"] += loss
-                self._sums["steps"] += 1
-                if log_now:
-                    record: dict[str, Any] = {
-                        "step": self.step,
-                        "epoch": self.order.epoch_of(self.step * cfg.grad_accum - 1),
-                        "loss": self._sums["loss"] / self._sums["steps"],
-                        "lr": lr,
-                        "grad_norm": norm,
-                        "max_abs": self.monitor.collect(),
-                    }
-                    self._sums = {"loss": 0.0, "steps": 0}
-                    if evaluate_now:
-                        record["eval"] = self._evaluate()
-                    self.log.append(record)
-                    self._write_log()
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{record['loss']:.4g}")
-                if bar is not None:
-                    bar.update(1)
-                at_checkpoint = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
-                if at_checkpoint or self.step in (end, cfg.max_steps):
+            while self.step < end and not stopped:
+                stopped = self._one_step(bar)
+                at_checkpoint = self._due(self.checkpoint_every, self.step)
+                if at_checkpoint or stopped or self.step in (end, self.total_steps):
                     self.save_checkpoint()
         finally:
             self.monitor.active = False
             if bar is not None:
                 bar.close()
+        if cfg.select_metric is not None and cfg.restore_best and self._best_state is not None:
+            self.unwrapped.load_state_dict(self._best_state)
+        selection = self._selection if cfg.select_metric is not None else {}
         return TrainResult(
             step=self.step,
             log=list(self.log),
             resumed_from=resumed_from,
-            finished=self.step >= cfg.max_steps,
+            finished=stopped or self.step >= self.total_steps,
+            stopped_early=stopped,
+            best_step=selection.get("step"),
+            best=dict(selection.get("metrics", {})),
+            processes=acc.num_processes,
         )
+
+    def _one_step(self, bar: Any) -> bool:
+        """Train one optimiser step, log and evaluate when due; whether to stop early."""
+        upcoming = self.step + 1
+        evaluate_now = upcoming == self.total_steps or self._due(self.eval_every, upcoming)
+        log_now = evaluate_now or self._due(self.log_every, upcoming)
+        lr = self.scheduler.get_last_lr()[0]
+        if log_now:
+            self.monitor.start()
+        norm = self._train_step()
+        self.step += 1
+        stop = False
+        if log_now:
+            record: dict[str, Any] = {
+                "step": self.step,
+                "epoch": self.order.epoch_of(self.step - 1),
+                **self._reduced_sums(),
+                "lr": lr,
+                "grad_norm": norm,
+                "max_abs": self._reduced_max_abs(),
+            }
+            if evaluate_now:
+                record["eval"] = self._evaluate()
+                stop = self._select(record["eval"])
+                if stop:
+                    record["stopped_early"] = True
+            self.log.append(record)
+            self._write_log()
+            if bar is not None:
+                bar.set_postfix(loss=f"{record['loss']:.4g}")
+        if bar is not None:
+            bar.update(1)
+        return stop
 
     def close(self) -> None:
         """Remove the monitoring hooks from the model."""
         self.monitor.remove()
+
+
+def _all_reduce(values: Tensor, op: str) -> Tensor:
+    """``values`` reduced over the processes (``"mean"`` or ``"max"``), on every process."""
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    out = values.to(device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    if op == "mean":
+        out /= dist.get_world_size()
+    return out.cpu()

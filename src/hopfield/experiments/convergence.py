@@ -41,7 +41,7 @@ from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.models.vision import VisionHopfield, vision_hopfield_parameters
-from hopfield.training import SCHEDULES, Trainer, TrainingConfig
+from hopfield.training import SCHEDULES, Trainer
 
 __all__ = ["MODELS", "PAPER_TABLE3", "PRESETS", "Config", "build_model", "run"]
 
@@ -308,7 +308,7 @@ def _train(
     steps_per_epoch = len(labels) // config.batch_size
     torch.manual_seed(seed)
     model = build_model(config, model_key, images.shape[-1], images.shape[1], data.num_classes)
-    training = TrainingConfig(
+    training = ctx.training_config(
         max_steps=config.epochs * steps_per_epoch,
         batch_size=config.batch_size,
         lr=config.lr,
@@ -523,8 +523,7 @@ def _figure(ctx: RunContext, curves: dict[str, dict[str, list[dict[str, Any]]]])
             ax.legend(fontsize="small")
     fig.tight_layout()
     name = "convergence.png"
-    fig.savefig(ctx.path(name), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, name, dpi=120)
     return name
 
 

@@ -658,8 +658,7 @@ def plot(config: Config, points: dict[str, dict[str, Any]], ctx: RunContext) -> 
                     label,
                 )
         fig.tight_layout()
-        fig.savefig(ctx.path(filename), dpi=90)
-        plt.close(fig)
+        ctx.save_figure(fig, filename, dpi=90)
     return [filename for filename, _ in figures]
 
 

@@ -423,8 +423,7 @@ def _figures(
     ax.set_ylabel("board accuracy (%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(ctx.path("sudoku_accuracy_vs_iteration.png"), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, "sudoku_accuracy_vs_iteration.png", dpi=120)
     names.append("sudoku_accuracy_vs_iteration.png")
     if analysis:
         t = [a["t"] for a in analysis]
@@ -444,8 +443,7 @@ def _figures(
             ax.set_title(title)
             ax.set_xlabel("t")
         fig.tight_layout()
-        fig.savefig(ctx.path("sudoku_energy_rank_angle.png"), dpi=120)
-        plt.close(fig)
+        ctx.save_figure(fig, "sudoku_energy_rank_angle.png", dpi=120)
         names.append("sudoku_energy_rank_angle.png")
     return names
 

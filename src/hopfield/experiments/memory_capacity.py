@@ -710,7 +710,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
         )
         metrics["throughput_ratio"] = timing["ratio"]
     figures = []
-    if config.figure and points:
+    if config.figure and points and ctx.is_main_process:
         for steps in sorted({min(config.steps), max(config.steps)}):
             name = f"memory_capacity_steps{steps}.png"
             draw_sweep(str(ctx.path(name)), points, "M", steps, "Memory capacity")

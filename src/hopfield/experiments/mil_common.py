@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from hopfield.experiments.results import RunContext, mean_std
+from hopfield.training import process_layout
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -34,10 +35,13 @@ def available_cores() -> int:
 def resolve_workers(workers: int, tasks: int) -> int:
     """Worker processes to use: ``workers``, or (``0``) one per available core; at most ``tasks``.
 
-    One worker means running in this process.
+    One worker means running in this process; so does every process of a multi-process
+    (``torchrun``) run, whose processes train each model together.
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    if process_layout()[1] > 1:
+        return 1
     wanted = workers if workers > 0 else available_cores()
     return max(1, min(wanted, tasks))
 

@@ -285,8 +285,7 @@ def _figures(config: Config, store: RunStore, ctx: RunContext, accuracies: Any) 
     ax.set(xlabel="bag size (memory size M)", ylabel="test accuracy", title="MNIST bags")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(ctx.path("accuracy_vs_bag_size.png"), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, "accuracy_vs_bag_size.png", dpi=120)
     files = ["accuracy_vs_bag_size.png"]
     if config.curve_bag_size not in config.bag_sizes:
         return files
@@ -310,8 +309,7 @@ def _figures(config: Config, store: RunStore, ctx: RunContext, accuracies: Any) 
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"Learning curves at bag size {config.curve_bag_size} (mean over seeds)")
     fig.tight_layout()
-    fig.savefig(ctx.path("learning_curves.png"), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, "learning_curves.png", dpi=120)
     return [*files, "learning_curves.png"]
 
 

@@ -30,6 +30,7 @@ Every point tried is reported with its kurtosis, norms and W8A8 gap, so a null r
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -731,13 +732,13 @@ def train_and_evaluate(
     """
     from hopfield.data.synthetic_text import SyntheticTextDataset
     from hopfield.experiments.runner import seed_everything
-    from hopfield.training import Trainer, TrainingConfig
+    from hopfield.training import Trainer
 
     data = _data(config, ctx.data_dir)
     dataset = SyntheticTextDataset(data.train)
     seed_everything(seed)
     model = build(config, variant)
-    training = TrainingConfig(
+    training = ctx.training_config(
         max_steps=config.steps,
         batch_size=config.batch_size,
         lr=config.lr,
@@ -954,11 +955,11 @@ def _train_jobs(
 ) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
     """``((variant, seed), metrics)`` of every job, in order, or as they finish in
     ``config.workers`` spawned processes (each with ``config.threads`` threads)."""
-    if config.workers <= 1 or len(jobs) <= 1:
+    if config.workers <= 1 or len(jobs) <= 1 or ctx.processes > 1:
         for variant, seed in jobs:
             yield _train_job(config, variant, seed, ctx)
         return
-    quiet = RunContext(ctx.out_dir, ctx.data_dir, ctx.preset, progress=False)
+    quiet = dataclasses.replace(ctx, progress=False)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs)), mp_context=spawn) as pool:
         futures = [pool.submit(_train_job, config, v, s, quiet) for v, s in jobs]
@@ -1107,8 +1108,7 @@ def _curve_figure(
         ax.legend(fontsize=8)
     fig.tight_layout()
     name = "max_abs_curves.png"
-    fig.savefig(ctx.path(name), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, name, dpi=120)
     return name
 
 

@@ -530,15 +530,15 @@ def _train_and_evaluate(
     from hopfield.experiments.runner import seed_everything
     from hopfield.integrations import build_model, paper_parameter_count
     from hopfield.outliers import ActivationRecorder, AttentionRecorder, quantize_w8a8
-    from hopfield.training import Trainer, TrainingConfig
+    from hopfield.training import Trainer
 
     seed_everything(train_seed)
     model = build_model(settings.family, variant, **task.model_config, **_architecture(settings))
     steps = settings.steps
-    training = TrainingConfig(
+    training = ctx.training_config(
         max_steps=steps,
-        batch_size=settings.batch_size,
-        grad_accum=settings.grad_accum,
+        batch_size=settings.batch_size * settings.grad_accum,
+        micro_batch_size=settings.batch_size,
         lr=settings.lr,
         weight_decay=settings.weight_decay,
         schedule=settings.schedule,
@@ -801,8 +801,7 @@ def _figures(
         )
         fig.tight_layout()
         files.append(f"figure2_{family}.png")
-        fig.savefig(ctx.path(files[-1]), dpi=110)
-        plt.close(fig)
+        ctx.save_figure(fig, files[-1], dpi=110)
     if "softmax" in curves and "softmax1" in curves:
         chosen = sorted(
             {
@@ -823,8 +822,7 @@ def _figures(
         fig.suptitle(f"Figure 3 ({family.upper()}): FFN-output max |x| per layer")
         fig.tight_layout()
         files.append(f"figure3_{family}.png")
-        fig.savefig(ctx.path(files[-1]), dpi=110)
-        plt.close(fig)
+        ctx.save_figure(fig, files[-1], dpi=110)
         shown = ("attention out", "attention LN", "FFN 1", "FFN 2")
         fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 3.2), squeeze=False)
         for ax, component in zip(axes[0], shown, strict=True):
@@ -839,8 +837,7 @@ def _figures(
         fig.suptitle(f"Figure 4 ({family.upper()}): layer {layer} components, max |x|")
         fig.tight_layout()
         files.append(f"figure4_{family}.png")
-        fig.savefig(ctx.path(files[-1]), dpi=110)
-        plt.close(fig)
+        ctx.save_figure(fig, files[-1], dpi=110)
     return files
 
 

@@ -75,25 +75,57 @@ class Results:
 
 @dataclass
 class RunContext:
-    """Where an experiment writes, where it finds data, and how it reports progress.
+    """Where an experiment writes, where it finds data, how it reports progress, and in which
+    process of a multi-process run it is.
 
     Attributes:
         out_dir: directory for this experiment's files (figures, checkpoints, results.json).
         data_dir: root of the datasets (``--data-dir`` or ``$HOPFIELD_DATA``), or ``None``.
         preset: the preset name the run was started with.
-        progress: whether to draw progress bars.
+        progress: whether to draw progress bars (only the main process draws them).
+        stop_after: end every training run after this many optimiser steps, with the schedule
+            of the full run (``hopfield run --max-steps``: smoke runs of paper presets).
+        micro_batch_size: examples per forward/backward pass and process for every training run
+            (``hopfield run --micro-batch-size``; the global batch and so the recipe stay).
+
+    Every process of a ``torchrun``/``accelerate launch`` job runs the experiment; only the main
+    process writes files (:meth:`save_json`, :meth:`save_figure`), and :attr:`rank` and
+    :attr:`processes` say where this one stands.
     """
 
     out_dir: Path
     data_dir: Path | None = None
     preset: str = "tiny"
     progress: bool = True
+    stop_after: int | None = None
+    micro_batch_size: int | None = None
 
     def __post_init__(self) -> None:
+        from hopfield.training import process_layout
+
+        self.rank, self.processes = process_layout()
         self.out_dir = Path(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.data_dir is not None:
             self.data_dir = Path(self.data_dir)
+        if not self.is_main_process:
+            self.progress = False
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes the files (rank 0)."""
+        return self.rank == 0
+
+    def training_config(self, **settings: Any) -> Any:
+        """A :class:`hopfield.training.TrainingConfig` of ``settings`` with this run's limits
+        (``stop_after``, ``micro_batch_size``) applied; experiments build theirs with it."""
+        from hopfield.training import TrainingConfig
+
+        if self.stop_after is not None:
+            settings["stop_after"] = self.stop_after
+        if self.micro_batch_size is not None:
+            settings["micro_batch_size"] = self.micro_batch_size
+        return TrainingConfig(**settings)
 
     def track(self, iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
         """Iterate with a progress bar (tqdm, if installed and progress is on)."""
@@ -112,12 +144,25 @@ class RunContext:
         return self.out_dir / name
 
     def save_json(self, name: str, data: Any) -> Path:
-        """Write ``data`` as JSON atomically (a stopped run never leaves half a file)."""
+        """Write ``data`` as JSON atomically (a stopped run never leaves half a file); only the
+        main process writes. Returns the path."""
         target = self.path(name)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=_json_default))
-        os.replace(tmp, target)
+        if self.is_main_process:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+            os.replace(tmp, target)
         return target
+
+    def save_figure(self, figure: Any, name: str, dpi: int = 120) -> str:
+        """Save a matplotlib ``figure`` as ``name`` in ``out_dir`` (main process only) and close
+        it. Returns ``name``."""
+        import matplotlib.pyplot as plt
+
+        if self.is_main_process:
+            figure.savefig(self.path(name), dpi=dpi)
+        plt.close(figure)
+        return name
 
     def load_json(self, name: str) -> Any | None:
         """The JSON saved under ``name``, or ``None`` when there is none."""

@@ -153,7 +153,7 @@ def run(config: Config, ctx: RunContext) -> Results:
         f"success = nearest pattern is the target and relative error <= {config.tolerance}.",
     )
     figures = []
-    if config.figure:
+    if config.figure and ctx.is_main_process:
         n = config.grid_examples
         draw_grid(
             str(ctx.path("retrieval_grid.png")),

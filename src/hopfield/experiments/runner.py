@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import time
@@ -17,6 +18,7 @@ import torch
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.registry import Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext
+from hopfield.training import process_layout
 
 RESULTS_FILE = "results.json"
 
@@ -67,11 +69,19 @@ def run_experiment(
     seed: int | None = None,
     overrides: dict[str, str] | None = None,
     progress: bool = True,
+    stop_after: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
     Returns the path of the results file. The file holds the configuration, seed, software
-    versions, wall time and the :class:`Results` (tables, metrics, figures).
+    versions, wall time, the number of processes that ran it, the run limits and the
+    :class:`Results` (tables, metrics, figures).
+
+    Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
+    set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
+    seed, and only the main process writes files. ``stop_after`` and ``micro_batch_size``
+    apply to every training run (see :class:`RunContext`).
     """
     experiment: Experiment = get(name)
     config = experiment.config(preset)
@@ -79,11 +89,14 @@ def run_experiment(
         config = replace(config, seed=seed)
     if overrides:
         config = apply_overrides(config, overrides)
+    state = distributed_state()
     context = RunContext(
         out_dir=Path(out) / name,
         data_dir=Path(data_dir) if data_dir is not None else None,
         preset=preset,
         progress=progress,
+        stop_after=stop_after,
+        micro_batch_size=micro_batch_size,
     )
     seed_everything(int(getattr(config, "seed", 0)))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -100,9 +113,24 @@ def run_experiment(
         "versions": versions(),
         "started_at": started,
         "wall_time_s": time.perf_counter() - t0,
+        "processes": context.processes,
+        "limits": {"stop_after": stop_after, "micro_batch_size": micro_batch_size},
         "results": results.to_dict(),
     }
-    return context.save_json(RESULTS_FILE, record)
+    path = context.save_json(RESULTS_FILE, record)
+    if state is not None:
+        state.wait_for_everyone()  # nobody leaves while the main process still writes
+    return path
+
+
+def distributed_state() -> Any:
+    """Set up the process group of a multi-process launch (``WORLD_SIZE > 1``) through
+    :class:`accelerate.PartialState` and return it; ``None`` for a single process."""
+    if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
+        return None
+    from accelerate import PartialState
+
+    return PartialState()
 
 
 def reproduce(
@@ -128,8 +156,9 @@ def reproduce(
             )
         except DataNotFoundError as missing:
             skipped[experiment.name] = str(missing)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "skipped.json").write_text(json.dumps(skipped, indent=2))
+    if process_layout()[0] == 0:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "skipped.json").write_text(json.dumps(skipped, indent=2))
     return paths, skipped
 
 

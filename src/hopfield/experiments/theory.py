@@ -1021,7 +1021,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
         metrics[f"violations/{key}"] = float(c.violations)
     figures = []
     topk = topk_table(trials)
-    if config.figure:
+    if config.figure and ctx.is_main_process:
         draw_figure(str(ctx.path("theory_topk_capacity.png")), trials, capacity_table)
         figures.append("theory_topk_capacity.png")
     notes = [

@@ -378,8 +378,7 @@ def _plot_timing(config: Config, timing: dict[tuple[str, int, str], float], ctx:
     ax.legend(fontsize=7)
     fig.tight_layout()
     name = "timeseries_time_per_epoch.png"
-    fig.savefig(ctx.path(name), dpi=120)
-    plt.close(fig)
+    ctx.save_figure(fig, name, dpi=120)
     return name
 
 
