@@ -10,6 +10,7 @@ from pathlib import Path
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import reproduce, run_experiment
 from hopfield.report import build_report
+from hopfield.training import process_layout
 
 
 def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
@@ -44,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(run)
     run.add_argument("--seed", type=int, default=None)
+    run.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end every training run after N optimiser steps (schedule of the full run; smoke "
+        "runs of paper presets)",
+    )
+    run.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        metavar="M",
+        help="examples per forward/backward pass and process (the global batch stays)",
+    )
     run.add_argument(
         "--set",
         dest="overrides",
@@ -87,9 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             overrides=_parse_overrides(args.overrides),
             progress=not args.no_progress,
+            stop_after=args.max_steps,
+            micro_batch_size=args.micro_batch_size,
         )
-        print(f"results: {path}")
-        print(f"report:  {build_report(path.parent)}")
+        if process_layout()[0] == 0:
+            print(f"results: {path}")
+            print(f"report:  {build_report(path.parent)}")
         return 0
     if args.command == "reproduce":
         paths, skipped = reproduce(
