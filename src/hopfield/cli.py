@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="examples per forward/backward pass and process (the global batch stays)",
     )
     run.add_argument(
+        "--stand-in-data",
+        action="store_true",
+        help="train on random data of the real shapes where a dataset is absent (smoke runs)",
+    )
+    run.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -105,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             stop_after=args.max_steps,
             micro_batch_size=args.micro_batch_size,
+            stand_in_data=args.stand_in_data,
         )
         if process_layout()[0] == 0:
             print(f"results: {path}")

@@ -87,6 +87,10 @@ class RunContext:
             of the full run (``hopfield run --max-steps``: smoke runs of paper presets).
         micro_batch_size: examples per forward/backward pass and process for every training run
             (``hopfield run --micro-batch-size``; the global batch and so the recipe stay).
+        stand_in_data: where a dataset file is absent, train on random data of the real data's
+            shapes instead of stopping (``hopfield run --stand-in-data``: proves a paper preset
+            runs on a machine without its corpus; the numbers mean nothing). An experiment that
+            uses stand-in data says so in a note.
 
     Every process of a ``torchrun``/``accelerate launch`` job runs the experiment; only the main
     process writes files (:meth:`save_json`, :meth:`save_figure`), and :attr:`rank` and
@@ -99,6 +103,7 @@ class RunContext:
     progress: bool = True
     stop_after: int | None = None
     micro_batch_size: int | None = None
+    stand_in_data: bool = False
 
     def __post_init__(self) -> None:
         from hopfield.training import process_layout

@@ -71,6 +71,7 @@ def run_experiment(
     progress: bool = True,
     stop_after: int | None = None,
     micro_batch_size: int | None = None,
+    stand_in_data: bool = False,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -80,8 +81,8 @@ def run_experiment(
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
-    seed, and only the main process writes files. ``stop_after`` and ``micro_batch_size``
-    apply to every training run (see :class:`RunContext`).
+    seed, and only the main process writes files. ``stop_after``, ``micro_batch_size`` and
+    ``stand_in_data`` apply to every training run (see :class:`RunContext`).
     """
     experiment: Experiment = get(name)
     config = experiment.config(preset)
@@ -97,6 +98,7 @@ def run_experiment(
         progress=progress,
         stop_after=stop_after,
         micro_batch_size=micro_batch_size,
+        stand_in_data=stand_in_data,
     )
     seed_everything(int(getattr(config, "seed", 0)))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -114,7 +116,11 @@ def run_experiment(
         "started_at": started,
         "wall_time_s": time.perf_counter() - t0,
         "processes": context.processes,
-        "limits": {"stop_after": stop_after, "micro_batch_size": micro_batch_size},
+        "limits": {
+            "stop_after": stop_after,
+            "micro_batch_size": micro_batch_size,
+            "stand_in_data": stand_in_data,
+        },
         "results": results.to_dict(),
     }
     path = context.save_json(RESULTS_FILE, record)
