@@ -1,0 +1,73 @@
+"""Trains a small regression network with :class:`hopfield.training.Trainer`; run by
+``tests/test_distributed_training.py`` under ``torchrun`` and in one process.
+
+Usage: ``python distributed_training_script.py OUT MICRO_BATCH [UNTIL_STEP]``. The main process
+writes ``OUT/final.pt`` (weights) and ``OUT/result.json`` (log, steps, processes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hopfield.training import Trainer, TrainingConfig
+
+
+def examples(n: int = 64) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g)
+    y = torch.sin(x).sum(1, keepdim=True)
+    return list(zip(x, y, strict=True))
+
+
+def loss_fn(model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    x, y = batch
+    error = model(x) - y
+    return (error**2).mean(), {"mae": error.abs().mean()}
+
+
+def main(out: Path, micro_batch: int, until_step: int | None) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 1))
+    config = TrainingConfig(
+        epochs=3,
+        batch_size=16,
+        micro_batch_size=micro_batch,
+        lr=3e-3,
+        warmup_steps=2,
+        schedule="cosine",
+        log_every=1,
+        eval_every="epoch",
+        checkpoint_every=3,
+        cpu=True,
+    )
+    probe = torch.randn(16, 6, generator=torch.Generator().manual_seed(1))
+    trainer = Trainer(
+        model,
+        examples(),
+        loss_fn,
+        config,
+        out,
+        monitor=[r"1"],
+        progress=False,
+        evaluate=lambda m: {"probe": float(m(probe).sum())},
+    )
+    result = trainer.fit(until_step=until_step)
+    if trainer.accelerator.is_main_process:
+        torch.save(trainer.unwrapped.state_dict(), out / "final.pt")
+        summary = {
+            "log": result.log,
+            "step": result.step,
+            "processes": result.processes,
+            "resumed_from": result.resumed_from,
+        }
+        (out / "result.json").write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -1,0 +1,74 @@
+"""The training engine under two processes (torchrun, gloo): the same loss curve as one process
+with the same global batch, and a stopped-and-resumed run that ends where an uninterrupted one
+does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from launch import torchrun
+
+SCRIPT = str(Path(__file__).with_name("distributed_training_script.py"))
+
+
+def _result(out: Path) -> dict[str, Any]:
+    return json.loads((out / "result.json").read_text())
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "final.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("two")
+    torchrun([SCRIPT, str(out), "4"], cwd=out)
+    return out
+
+
+def test_two_processes_follow_the_one_process_loss_curve(
+    two_processes: Path, tmp_path: Path
+) -> None:
+    one = tmp_path / "one"
+    one.mkdir()
+    done = subprocess.run(
+        [sys.executable, SCRIPT, str(one), "8"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    single, double = _result(one), _result(two_processes)
+    assert single["processes"] == 1 and double["processes"] == 2
+    assert single["step"] == double["step"] == 12  # 3 epochs × 64 / 16
+    assert [r["step"] for r in double["log"]] == list(range(1, 13))
+    for a, b in zip(single["log"], double["log"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+        assert b["mae"] == pytest.approx(a["mae"], rel=1e-5, abs=1e-7)
+        assert b["lr"] == a["lr"]
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["max_abs"]["1"] == pytest.approx(a["max_abs"]["1"], rel=1e-5)
+        if "eval" in a:
+            assert b["eval"]["probe"] == pytest.approx(a["eval"]["probe"], rel=1e-5, abs=1e-6)
+    w1, w2 = _weights(one), _weights(two_processes)
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_stopped_two_process_run_resumes_to_the_same_weights(
+    two_processes: Path, tmp_path: Path
+) -> None:
+    torchrun([SCRIPT, str(tmp_path), "4", "5"], cwd=tmp_path)  # stops after step 5
+    first = _result(tmp_path)
+    assert first["step"] == 5 and first["processes"] == 2
+    torchrun([SCRIPT, str(tmp_path), "4"], cwd=tmp_path)  # a new job resumes
+    resumed = _result(tmp_path)
+    assert resumed["resumed_from"] == 5 and resumed["step"] == 12
+    assert resumed["log"] == _result(two_processes)["log"]
+    reference = _weights(two_processes)
+    for name, value in _weights(tmp_path).items():
+        assert torch.equal(value, reference[name]), name
