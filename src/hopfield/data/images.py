@@ -33,12 +33,16 @@ from torch import Tensor
 from hopfield.data.files import DataFile, locate
 
 __all__ = [
+    "IMAGENET_TRAIN_IMAGES",
     "IMAGE_DATASETS",
     "SPLITS",
+    "STAND_IN_SHAPES",
+    "StandInImages",
     "image_files",
     "load_image_dataset",
     "read_cifar_batch",
     "read_idx",
+    "stand_in_images",
 ]
 
 SPLITS = ("train", "test")
@@ -246,3 +250,85 @@ def load_image_dataset(
     _check(name, split)
     images, labels = IMAGE_DATASETS[name](split, data_dir)
     return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels.astype(np.int64))
+
+
+# --- stand-in images (hopfield run --stand-in-data) -------------------------------------------
+
+#: Images in ImageNet-1k's training split.
+IMAGENET_TRAIN_IMAGES = 1_281_167
+
+#: ``name -> (channels, side, classes, {split: images})`` of the real datasets, for stand-ins;
+#: ``"imagenet"`` is ImageNet-1k (its side: the crop a model is trained at, 224 by default).
+STAND_IN_SHAPES: dict[str, tuple[int, int, int, dict[str, int]]] = {
+    "digits": (1, 8, 10, {"train": DIGITS_TRAIN_SIZE, "test": 1797 - DIGITS_TRAIN_SIZE}),
+    "mnist": (1, 28, 10, {"train": 60_000, "test": 10_000}),
+    "fashion-mnist": (1, 28, 10, {"train": 60_000, "test": 10_000}),
+    "cifar10": (3, 32, 10, {"train": 50_000, "test": 10_000}),
+    "cifar100": (3, 32, 100, {"train": 50_000, "test": 10_000}),
+    "imagenet": (3, 224, 1000, {"train": IMAGENET_TRAIN_IMAGES, "test": 50_000}),
+}
+
+
+class StandInImages:
+    """Random images in place of an absent dataset: ``images[i] = (image (C, S, S) in [0, 1],
+    label int64 scalar in [0, classes))``.
+
+    Example ``i`` is drawn from its own generator (seeded with ``seed`` and ``i``), so the
+    examples are the same on every process and none is held in memory (ImageNet-sized stand-ins
+    cost nothing until drawn). The numbers a model learns on them mean nothing; they only prove
+    that a recipe runs.
+
+    Args:
+        count: number of images.
+        channels, size, classes: the shape of the real data.
+        seed: the data seed.
+    """
+
+    def __init__(self, count: int, channels: int, size: int, classes: int, seed: int = 0) -> None:
+        for name, value in (
+            ("count", count),
+            ("channels", channels),
+            ("size", size),
+            ("classes", classes),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.count, self.channels, self.size, self.classes = count, channels, size, classes
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} images")
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index % self.count)
+        image = torch.rand(self.channels, self.size, self.size, generator=generator)
+        return image, torch.randint(self.classes, (), generator=generator)
+
+    def tensors(self, count: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``count`` examples (all when ``None``) in memory: images ``(N, C, S, S)``
+        float32 and labels ``(N,)`` int64, as :func:`load_image_dataset` returns them."""
+        count = self.count if count is None else min(count, self.count)
+        pairs = [self[i] for i in range(count)]
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+
+def stand_in_images(
+    name: str, split: str = "train", *, size: int | None = None, count: int | None = None
+) -> StandInImages:
+    """A :class:`StandInImages` with the shape of dataset ``name``'s ``split`` (see
+    :data:`STAND_IN_SHAPES`): as many images as the real split unless ``count`` is given, side
+    ``size`` instead of the real one if given. Train and test splits draw different images."""
+    if name not in STAND_IN_SHAPES:
+        raise ValueError(f"name must be one of {sorted(STAND_IN_SHAPES)}, got {name!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    channels, side, classes, counts = STAND_IN_SHAPES[name]
+    return StandInImages(
+        counts[split] if count is None else count,
+        channels,
+        side if size is None else size,
+        classes,
+        seed=SPLITS.index(split) + 1,
+    )

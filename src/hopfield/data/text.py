@@ -15,7 +15,8 @@ Corpora (:func:`load_text`, ``name -> TextSplits(train, validation)``, lists of 
   wiki40b/en train (text column), validation = wiki40b/en validation, through ``datasets``.
 
 ``datasets`` is imported only by the last two; where it is missing they raise an ``ImportError``
-saying how to install it.
+saying how to install it, and where the Hub cannot be reached (offline, ``HF_HUB_OFFLINE=1``) and
+the corpus is not in its cache they raise :class:`hopfield.data.DataNotFoundError`.
 
 Tokenizers (:func:`train_tokenizer`) are trained offline with the ``tokenizers`` package on the
 train split: ``"wordpiece"`` (BERT: lower-casing BERT normaliser and pre-tokenizer, special tokens
@@ -28,6 +29,11 @@ Blocks (:func:`token_blocks`): every line is encoded (BERT: ``[CLS] line [SEP]``
 before each line, OPT's BOS), the ids are concatenated and cut into blocks of ``length`` tokens
 (the remainder is dropped), as Hugging Face's ``run_mlm.py`` / ``run_clm.py`` ``group_texts``.
 :func:`mask_tokens` applies BERT's 80/10/10 masking.
+
+Stand-in blocks (:class:`StandInTokenBlocks`): random token blocks of the shape ``token_blocks``
+gives (ids in the vocabulary, the delimiters of the tokenizer kind), generated lazily, for runs
+that must prove a paper preset trains where its corpus is absent (``hopfield run
+--stand-in-data``); :func:`stand_in_special_ids` gives the special ids such blocks use.
 """
 
 from __future__ import annotations
@@ -42,17 +48,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hopfield.data.files import DataFile, locate
+from hopfield.data.files import DataFile, DataNotFoundError, locate
 
 __all__ = [
     "CORPORA",
     "TOKENIZER_KINDS",
     "WIKITEXT2_FILES",
+    "StandInTokenBlocks",
     "TextSplits",
     "cache_root",
     "load_text",
     "mask_tokens",
     "special_ids",
+    "stand_in_special_ids",
     "token_blocks",
     "train_tokenizer",
 ]
@@ -148,6 +156,18 @@ def _column(dataset: Any) -> list[str]:
     return [str(t).strip() for t in dataset["text"]]
 
 
+def _hub(name: str, *args: Any, **kwargs: Any) -> Any:
+    """``datasets.load_dataset(*args, **kwargs)``; a corpus the Hub cannot deliver (offline and
+    not cached, or unknown) raises :class:`DataNotFoundError` naming corpus ``name``."""
+    try:
+        return _datasets().load_dataset(*args, **kwargs)
+    except (ConnectionError, FileNotFoundError) as error:
+        raise DataNotFoundError(
+            f"corpus {name!r}: {args[0]} is neither in the datasets cache nor reachable on the "
+            f"Hugging Face Hub ({error}); run once with internet to cache it"
+        ) from error
+
+
 def load_text(
     name: str,
     data_dir: str | os.PathLike[str] | None = None,
@@ -165,7 +185,8 @@ def load_text(
         max_lines: keep only the first lines of each split (quick runs).
 
     Raises:
-        hopfield.data.DataNotFoundError: WikiText-2 files are absent.
+        hopfield.data.DataNotFoundError: WikiText-2 files are absent, or a ``datasets`` corpus
+            is neither cached nor reachable.
         ImportError: ``datasets`` is needed and missing.
     """
     if name not in CORPORA:
@@ -175,14 +196,13 @@ def load_text(
     if name == "wikitext-2":
         splits = _wikitext2(data_dir, scheme)
     elif name == "wikitext-103":
-        ds = _datasets().load_dataset("Salesforce/wikitext", "wikitext-103-raw-v1")
+        ds = _hub(name, "Salesforce/wikitext", "wikitext-103-raw-v1")
         splits = TextSplits(
             _column(ds["train"]), _column(ds["validation"]), "WikiText-103 (raw) train/validation"
         )
     else:
-        lib = _datasets()
-        books = lib.load_dataset("bookcorpus/bookcorpus", split="train")
-        wiki = lib.load_dataset("google/wiki40b", "en")
+        books = _hub(name, "bookcorpus/bookcorpus", split="train")
+        wiki = _hub(name, "google/wiki40b", "en")
         splits = TextSplits(
             _column(books) + _column(wiki["train"]),
             _column(wiki["validation"]),
@@ -344,3 +364,67 @@ def mask_tokens(
     inputs = torch.where(to_mask, torch.full_like(input_ids, mask_id), input_ids)
     inputs = torch.where(to_random, random_ids, inputs)
     return inputs, labels
+
+
+def stand_in_special_ids(kind: str) -> dict[str, int]:
+    """Role -> id of the special tokens as :func:`train_tokenizer` numbers them, without training
+    a tokenizer: the specials come first (BERT ``[PAD] [UNK] [CLS] [SEP] [MASK]`` = 0–4, OPT
+    ``<s> <pad> </s> <unk>`` = 0–3)."""
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
+    order = _SPECIALS[kind]
+    return {role: order.index(token) for role, token in _ROLES[kind].items()}
+
+
+class StandInTokenBlocks:
+    """Random token blocks in place of an absent corpus, shaped as :func:`token_blocks` output.
+
+    Block ``i`` is drawn from its own generator (seeded with ``seed`` and ``i``), so the blocks
+    are the same on every process and nothing is held in memory: content ids are uniform over the
+    non-special part of the vocabulary, and each block starts with the line delimiter of ``kind``
+    (BERT ``[CLS]``, OPT ``</s>``; BERT blocks also end with ``[SEP]``). The numbers a model
+    learns on them mean nothing; they only prove that a recipe runs.
+
+    Args:
+        count: number of blocks.
+        length: tokens per block (>= 2).
+        kind: ``"wordpiece"`` (BERT) or ``"bpe"`` (OPT).
+        vocab_size: the vocabulary size (> number of special tokens).
+        seed: the data seed.
+    """
+
+    def __init__(self, count: int, length: int, kind: str, vocab_size: int, seed: int = 0) -> None:
+        if kind not in TOKENIZER_KINDS:
+            raise ValueError(f"kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
+        for name, value, low in (("count", count, 1), ("length", length, 2)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        specials = len(_SPECIALS[kind])
+        if not isinstance(vocab_size, int) or vocab_size <= specials:
+            raise ValueError(f"vocab_size must be an int > {specials}, got {vocab_size!r}")
+        self.count, self.length, self.kind, self.vocab_size = count, length, kind, vocab_size
+        self.seed = seed
+        ids = stand_in_special_ids(kind)
+        self.first = ids["cls"] if kind == "wordpiece" else ids["bos"]
+        self.last = ids["sep"] if kind == "wordpiece" else None
+        self.low = specials
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Tensor:
+        """Block ``index``: ``(length,)`` int64."""
+        if not -self.count <= index < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} blocks")
+        index %= self.count
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        block = torch.randint(self.low, self.vocab_size, (self.length,), generator=generator)
+        block[0] = self.first
+        if self.last is not None:
+            block[-1] = self.last
+        return block
+
+    def tensor(self, count: int | None = None) -> Tensor:
+        """The first ``count`` blocks (all when ``None``): ``(count, length)`` int64."""
+        count = self.count if count is None else min(count, self.count)
+        return torch.stack([self[i] for i in range(count)])
