@@ -218,7 +218,8 @@ def test_tiny_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert all(len(partial[k][0]["test_accuracy"]) == 1 for k in MODELS)
     assert not partial["dense"][0]["finished"]
     assert any(
-        "stopped after epoch 1" in n for n in json.loads(first.read_text())["results"]["notes"]
+        "stopped after step 6 (epoch 1 of 2" in n
+        for n in json.loads(first.read_text())["results"]["notes"]
     )
     second = run_experiment("convergence", "tiny", tmp_path / "split", progress=False)
     assert _curves(second) == _curves(full)
@@ -245,6 +246,29 @@ def test_absent_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         run(config, RunContext(out_dir=tmp_path / "a", progress=False))
     with pytest.raises(TypeError, match="config"):
         run(object(), RunContext(out_dir=tmp_path / "b", progress=False))  # type: ignore[arg-type]
+
+
+def test_absent_dataset_stands_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With stand-in data an absent dataset trains on random images of its shapes (with a
+    note); the run folder records that, so the real data later start the run over."""
+    monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path / "nothing"))
+    config = replace(PRESETS["tiny"], datasets=("cifar100",), models=("outeffhop",), test_size=50)
+    ctx = RunContext(out_dir=tmp_path / "a", progress=False, stand_in_data=True)
+    results = run(config, ctx)
+    assert any(n.startswith("cifar100: trained and evaluated on STAND-IN") for n in results.notes)
+    curves = json.loads((tmp_path / "a" / "curves.json").read_text())
+    (one,) = curves["cifar100"]["outeffhop"]
+    assert one["finished"] and len(one["test_accuracy"]) == config.epochs
+    assert (one["steps"], one["processes"]) == (config.epochs * (384 // 64), 1)
+    settings = json.loads(
+        (tmp_path / "a" / "runs" / "cifar100-outeffhop-seed0" / "settings.json").read_text()
+    )
+    assert settings["data"].startswith("STAND-IN random images of cifar100")
+    table = next(t for t in results.tables if t.name == "Table 3: hyper-parameters")
+    params = dict((r[0], r[2]) for r in table.rows)["parameters (cifar100)"]
+    assert params == vision_hopfield_parameters(
+        32, 3, 100, patch_size=4, embed_dim=16, mlp_dim=32, depth=1
+    )
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "convergence.md"

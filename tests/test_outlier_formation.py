@@ -311,6 +311,46 @@ def test_more_seeds_resume_the_finished_runs(
     assert trained == [1]  # seed 0 and the search point come from the JSON files
 
 
+def test_step_limited_runs_are_not_reused_and_folders_keep_their_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs made under ``--max-steps`` are trained again without it (continuing their checkpoint,
+    kept with ``keep_checkpoints``); a run folder holding another recipe starts over."""
+    common = {
+        "variants": '["softmax"]',
+        "seeds": "[0]",
+        "grid": '{"steps": [4]}',
+        "keep_checkpoints": "true",
+    }
+    run_experiment("outlier-formation", "tiny", tmp_path, overrides=common, stop_after=2)
+    search = json.loads((tmp_path / "outlier-formation" / "search.json").read_text())
+    compare = json.loads((tmp_path / "outlier-formation" / "compare.json").read_text())
+    assert (search[0]["steps"], search[0]["stop_after"], compare["stop_after"]) == (2, 2, 2)
+    resumed: list[int | None] = []
+    real = of.train_and_evaluate
+
+    def spy(*args: Any) -> dict[str, Any]:
+        metrics = real(*args)
+        resumed.append(metrics["resumed_from"])
+        return metrics
+
+    monkeypatch.setattr(of, "train_and_evaluate", spy)
+    run_experiment("outlier-formation", "tiny", tmp_path, overrides=common, progress=False)
+    assert resumed == [2, 2]  # the search point and the comparison run continued from step 2
+    search = json.loads((tmp_path / "outlier-formation" / "search.json").read_text())
+    assert (search[0]["steps"], search[0]["stop_after"]) == (4, None)
+    run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides={**common, "lr": "0.002"}, progress=False
+    )
+    # another recipe: the search point is reused by name (search.json), the comparison run is
+    # trained again, and not from the old recipe's checkpoint in its folder
+    assert resumed == [2, 2, None]
+    run_json = (
+        tmp_path / "outlier-formation" / "runs" / "compare" / "softmax" / "seed0" / "run.json"
+    )
+    assert json.loads(run_json.read_text())["recipe"]["lr"] == 0.002
+
+
 def test_workers_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="workers"):
         run_experiment("outlier-formation", "tiny", tmp_path, overrides={"workers": "0"})

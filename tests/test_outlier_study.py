@@ -113,7 +113,21 @@ def test_resolve_and_presets() -> None:
     assert study.PRESETS["small"].seeds >= 3
     paper = {s.family: s for s in study.resolve(study.Config(scale="paper"))}
     assert (paper["bert"].lr, paper["bert"].steps, paper["bert"].batch_size) == (1e-4, 200_000, 256)
-    assert (paper["opt"].seq_len, paper["opt"].grad_accum, paper["opt"].steps) == (512, 4, 125_000)
+    assert (paper["opt"].seq_len, paper["opt"].batch_size, paper["opt"].steps) == (
+        512,
+        192,
+        125_000,
+    )
+    # global batches of the authors' scripts: BERT 256 x 1 GPU, OPT 48 x 4 accumulation x 1 GPU,
+    # ViT (timm) 512 per GPU x 5 accumulation x 2 GPUs; 150 ImageNet epochs, 10 of warm-up
+    assert (paper["vit"].batch_size, paper["vit"].steps, paper["vit"].warmup_steps) == (
+        5120,
+        150 * (1_281_167 // 5120),
+        10 * (1_281_167 // 5120),
+    )
+    for settings in paper.values():  # the micro-batches fit 1, 2, 4 and 8 processes
+        assert settings.micro_batch_size is not None
+        assert settings.batch_size % (8 * settings.micro_batch_size) == 0
     assert paper["opt"].decay_norm_weights and paper["opt"].percentile == 99.999
     assert (paper["vit"].patch_size, paper["vit"].hidden, paper["vit"].schedule) == (
         16,
@@ -281,3 +295,188 @@ def test_image_folder(tmp_path: Path) -> None:
     assert task.calibration_batches(0)[0]["pixel_values"].shape == (2, 3, 8, 8)
     with pytest.raises(DataNotFoundError, match="ImageNet"):
         image_splits("imagenet", tmp_path / "nothing", 4)
+
+
+# --- several processes, stand-in data, run identities -------------------------------------------
+
+
+def test_stand_in_token_blocks() -> None:
+    from hopfield.data.text import (
+        StandInTokenBlocks,
+        special_ids,
+        stand_in_special_ids,
+        train_tokenizer,
+    )
+
+    for kind in ("wordpiece", "bpe"):  # the ids a trained tokenizer gives its special tokens
+        tokenizer = train_tokenizer(kind, ["a b c d e f g", "h i j k"], 40)
+        assert stand_in_special_ids(kind) == special_ids(tokenizer, kind)
+    blocks = StandInTokenBlocks(1000, 16, "wordpiece", 50, seed=3)
+    ids = stand_in_special_ids("wordpiece")
+    first = blocks[7]
+    assert first.shape == (16,) and first.dtype == torch.long and len(blocks) == 1000
+    assert torch.equal(first, StandInTokenBlocks(1000, 16, "wordpiece", 50, seed=3)[7])
+    assert not torch.equal(first, blocks[8])
+    assert not torch.equal(first, StandInTokenBlocks(1000, 16, "wordpiece", 50, seed=4)[7])
+    assert torch.equal(blocks[-1], blocks[999])
+    stacked = blocks.tensor(200)
+    assert stacked.shape == (200, 16) and torch.equal(stacked[7], first)
+    assert (stacked[:, 0] == ids["cls"]).all() and (stacked[:, -1] == ids["sep"]).all()
+    content = stacked[:, 1:-1]
+    assert int(content.min()) == 5 and int(content.max()) == 49  # every non-special id drawn
+    opt = StandInTokenBlocks(4, 8, "bpe", 60).tensor()
+    assert (opt[:, 0] == stand_in_special_ids("bpe")["bos"]).all() and int(opt[:, 1:].min()) >= 4
+    with pytest.raises(IndexError):
+        blocks[1000]
+    for bad, match in (
+        (dict(count=0), "count"),
+        (dict(length=1), "length"),
+        (dict(kind="char"), "kind"),
+        (dict(vocab_size=5), "vocab_size"),
+    ):
+        arguments = {"count": 4, "length": 8, "kind": "wordpiece", "vocab_size": 50, **bad}
+        with pytest.raises(ValueError, match=match):
+            StandInTokenBlocks(**arguments)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kind"):
+        stand_in_special_ids("char")
+
+
+def test_stand_in_images() -> None:
+    from hopfield.data.images import STAND_IN_SHAPES, StandInImages, stand_in_images
+
+    cifar = stand_in_images("cifar100", "train")
+    assert (len(cifar), cifar.channels, cifar.size, cifar.classes) == (50_000, 3, 32, 100)
+    image, label = cifar[123]
+    assert image.shape == (3, 32, 32) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+    assert label.dtype == torch.long and 0 <= int(label) < 100
+    assert torch.equal(stand_in_images("cifar100", "train")[123][0], image)  # every process alike
+    assert not torch.equal(stand_in_images("cifar100", "test")[123][0], image)
+    images, labels = stand_in_images("mnist", "test", count=300).tensors()
+    assert images.shape == (300, 1, 28, 28) and labels.shape == (300,)
+    assert len(labels.unique()) == 10
+    imagenet = stand_in_images("imagenet", "train", size=32)
+    assert len(imagenet) == STAND_IN_SHAPES["imagenet"][3]["train"] == 1_281_167
+    assert imagenet[1_281_166][0].shape == (3, 32, 32)  # drawn lazily, nothing held
+    with pytest.raises(ValueError, match="name"):
+        stand_in_images("svhn")
+    with pytest.raises(ValueError, match="split"):
+        stand_in_images("mnist", "validation")
+    with pytest.raises(ValueError, match="classes"):
+        StandInImages(4, 3, 8, 0)
+    with pytest.raises(IndexError):
+        StandInImages(4, 3, 8, 2)[4]
+
+
+def test_absent_corpus_raises_or_stands_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hopfield.data.text import load_text
+    from hopfield.experiments.outliers_tasks import build_task
+
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    # BookCorpus: neither cached nor reachable (the flags are read when the packages are imported)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataNotFoundError, match="bookcorpus-wiki40b"):
+        load_text("bookcorpus-wiki40b")
+    (paper_bert,) = study.resolve(study.Config(model="bert", scale="paper"))
+    settings = replace(paper_bert, steps=3, batch_size=4, eval_batches=2, eval_batch_size=2)
+    with pytest.raises(DataNotFoundError):
+        build_task(settings, tmp_path)
+    task = build_task(settings, tmp_path, stand_in=True)
+    assert task.stand_in and "STAND-IN" in task.description
+    assert len(task.train) == 12 and task.train[0].shape == (128,)  # steps x batch blocks
+    assert task.model_config["vocab_size"] == 30522
+    assert task.model_config["max_position_embeddings"] == 512  # BERT-base's, trained at 128
+    batches = task.eval_batches(0)
+    assert len(batches) == 2 and batches[0].inputs["input_ids"].shape == (2, 128)
+    assert int(batches[0].inputs["input_ids"].max()) < 30522
+    tiny = replace(study.SETTINGS["tiny"]["bert"], calibrate_on="train")
+    calibration = build_task(tiny, tmp_path, stand_in=True).calibration_batches(0)
+    assert len(calibration) == 2 and calibration[0]["input_ids"].shape == (8, 32)
+
+
+def test_absent_imagenet_stands_in(tmp_path: Path) -> None:
+    from hopfield.experiments.outliers_tasks import build_task
+
+    (paper_vit,) = study.resolve(study.Config(model="vit", scale="paper"))
+    settings = replace(paper_vit, image_size=32, eval_batches=1, eval_batch_size=2, calib_batches=1)
+    with pytest.raises(DataNotFoundError, match="ImageNet"):
+        build_task(settings, tmp_path)
+    task = build_task(settings, tmp_path, stand_in=True)
+    assert task.stand_in and "STAND-IN" in task.description
+    assert len(task.train) == 1_281_167 and task.model_config["num_labels"] == 1000
+    x, y = task.train[5]
+    assert x.shape == (3, 32, 32) and float(x.min()) >= -1.0 and float(x.max()) <= 1.0
+    assert 0 <= int(y) < 1000
+    assert task.eval_batches(0)[0].inputs["pixel_values"].shape == (2, 3, 32, 32)
+    train, (x_eval, _), text = image_splits("cifar10", tmp_path, 10, max_train=20, stand_in=True)
+    assert len(train) == 20 and train.classes == 10 and "STAND-IN" in text
+    assert train[0][0].shape == (3, 32, 32) and x_eval.shape == (10, 3, 32, 32)
+    cifar = replace(study.SETTINGS["tiny"]["vit"], dataset="cifar100", max_train=8, patch_size=4)
+    assert build_task(cifar, tmp_path, stand_in=True).model_config["num_labels"] == 100
+
+
+def test_same_run_and_main_process_first(tmp_path: Path) -> None:
+    from hopfield.experiments.outliers_tasks import main_process_first, same_run
+    from hopfield.experiments.results import RunContext
+
+    ctx = RunContext(out_dir=tmp_path, progress=False)
+    identity = {"settings": {"lr": 1e-3, "layers": (1, 2)}, "data": "x"}
+    assert same_run(ctx, "runs/a/run.json", identity) == "new"
+    assert same_run(ctx, "runs/a/run.json", identity) == "same"  # (tuples read back as lists)
+    assert same_run(ctx, "runs/a/run.json", {**identity, "data": "y"}) == "changed"
+    assert json.loads((tmp_path / "runs/a/run.json").read_text())["data"] == "y"
+    assert main_process_first(lambda: 7) == 7
+
+
+def test_max_positions_must_cover_the_sequence() -> None:
+    assert study.resolve(study.Config(model="bert", scale="tiny"))[0].max_positions is None
+    with pytest.raises(ValueError, match="max_positions"):
+        study.resolve(study.Config(model="bert", scale="paper", max_positions=64))
+
+
+def test_records_and_checkpoints_belong_to_their_run(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record made under ``--max-steps`` is not reused by a full run, which resumes its
+    checkpoint; a run folder whose settings changed starts over instead of resuming."""
+    shrink = {"variants": '["softmax"]', "model": '"opt"'}
+    run_experiment(
+        "outliers",
+        "tiny",
+        tmp_path,
+        data_dir=shared_data,
+        progress=False,
+        overrides=shrink,
+        stop_after=1,
+    )
+    folder = tmp_path / "outliers" / "runs" / "opt" / "softmax" / "seed-0"
+    first = json.loads((folder / "result.json").read_text())
+    assert (first["steps"], first["stop_after"], first["processes"]) == (1, 1, 1)
+    assert first["identity"]["settings"]["steps"] == 3
+    resumed: list[int | None] = []
+    original = study._train_and_evaluate
+
+    def spy(*args: object, **kwargs: object) -> dict[str, object]:
+        resumed.append(args[-1])  # type: ignore[arg-type]
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(study, "_train_and_evaluate", spy)
+    run_experiment(
+        "outliers", "tiny", tmp_path, data_dir=shared_data, progress=False, overrides=shrink
+    )
+    full = json.loads((folder / "result.json").read_text())
+    assert resumed == [True] and (full["steps"], full["stop_after"]) == (3, None)
+    log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]  # continued from the step-1 checkpoint
+    run_experiment(
+        "outliers",
+        "tiny",
+        tmp_path,
+        data_dir=shared_data,
+        progress=False,
+        overrides={**shrink, "lr": "0.002"},
+    )
+    assert resumed == [True, False]  # other settings: the old checkpoints are not resumed
+    assert json.loads((folder / "result.json").read_text())["identity"]["settings"]["lr"] == 2e-3

@@ -16,12 +16,18 @@ which a model reaches 95 % of the best final accuracy of all models.
 
 Training uses :class:`hopfield.training.Trainer` (one run folder per dataset, model and seed
 below ``out_dir/runs``) with a checkpoint at the end of every epoch: a stopped run continues from
-its last finished epoch, and ``until_epoch`` splits a long run into several invocations.
+its last finished epoch, and ``until_epoch`` splits a long run into several invocations. A run
+folder's ``settings.json`` records what defines its run (settings, data); a folder whose record
+differs starts over. ``batch_size`` is the global batch (images per optimiser step over all
+processes); under ``torchrun`` every process trains on its share of each batch and evaluates the
+whole test set (identical numbers), and only the main process writes files.
 
 Datasets: ``digits`` (tiny preset, always present), ``fashion-mnist`` (Debian package
 ``dataset-fashion-mnist`` or ``images/fashion-mnist/`` below the data root), ``cifar10`` and ``cifar100`` when
 present. Datasets that are absent are skipped with a note; if none is present the run fails with
-:class:`hopfield.data.DataNotFoundError`.
+:class:`hopfield.data.DataNotFoundError`. With ``hopfield run --stand-in-data`` an absent dataset
+is replaced by random images of its shapes (:func:`hopfield.data.images.stand_in_images`, as many
+as the real split or ``train_size``/``test_size``), with a note.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from hopfield.data.files import DataNotFoundError
-from hopfield.data.images import load_image_dataset
+from hopfield.data.images import load_image_dataset, stand_in_images
+from hopfield.experiments.outliers_tasks import same_run
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
@@ -214,6 +221,7 @@ class _Data:
     train: tuple[Tensor, Tensor]
     test: tuple[Tensor, Tensor]
     num_classes: int
+    source: str  # the dataset, or what stands in for it
 
 
 def _subset(images: Tensor, labels: Tensor, size: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -223,19 +231,40 @@ def _subset(images: Tensor, labels: Tensor, size: int, seed: int) -> tuple[Tenso
     return images[keep], labels[keep]
 
 
+def _stand_in(name: str, config: Config, missing: DataNotFoundError) -> _Data:
+    """Random images of ``name``'s shapes and classes: ``train_size``/``test_size`` of them (0:
+    as many as the real split)."""
+    train = stand_in_images(name, "train", count=config.train_size or None)
+    test = stand_in_images(name, "test", count=config.test_size or None)
+    return _Data(
+        train=train.tensors(),
+        test=test.tensors(),
+        num_classes=train.classes,
+        source=f"STAND-IN random images of {name}'s shapes ({missing})",
+    )
+
+
 def _load(name: str, config: Config, ctx: RunContext) -> _Data:
-    train = load_image_dataset(name, "train", ctx.data_dir)
-    test = load_image_dataset(name, "test", ctx.data_dir)
-    if train[0].shape[2] != train[0].shape[3]:
-        raise ValueError(f"{name}: images must be square, got {tuple(train[0].shape[2:])}")
-    train = _subset(*train, config.train_size, config.seed)
-    test = _subset(*test, config.test_size, config.seed + 1)
-    if len(train[1]) < config.batch_size:
+    try:
+        train = load_image_dataset(name, "train", ctx.data_dir)
+        test = load_image_dataset(name, "test", ctx.data_dir)
+    except DataNotFoundError as missing:
+        if not ctx.stand_in_data:
+            raise
+        data = _stand_in(name, config, missing)
+    else:
+        train = _subset(*train, config.train_size, config.seed)
+        test = _subset(*test, config.test_size, config.seed + 1)
+        num_classes = int(max(train[1].max(), test[1].max())) + 1
+        data = _Data(train=train, test=test, num_classes=num_classes, source=name)
+    images = data.train[0]
+    if images.shape[2] != images.shape[3]:
+        raise ValueError(f"{name}: images must be square, got {tuple(images.shape[2:])}")
+    if len(images) < config.batch_size:
         raise ValueError(
-            f"batch_size ({config.batch_size}) exceeds the {len(train[1])} training images of {name}"
+            f"batch_size ({config.batch_size}) exceeds the {len(images)} training images of {name}"
         )
-    num_classes = int(max(train[1].max(), test[1].max())) + 1
-    return _Data(train=train, test=test, num_classes=num_classes)
+    return data
 
 
 class _Pairs:
@@ -297,12 +326,10 @@ def _train(
     """Train one model; returns its per-epoch curves and whether it reached ``epochs``."""
     folder = f"runs/{dataset}-{model_key}-seed{seed}"
     run_dir = ctx.path(folder)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = {name: getattr(config, name) for name in _RUN_FIELDS}
+    settings: dict[str, Any] = {name: getattr(config, name) for name in _RUN_FIELDS}
     settings.update(seed=seed, subset_seed=config.seed)  # the subsets are drawn with config.seed
-    previous = ctx.load_json(f"{folder}/settings.json")
-    resume = previous == settings
-    ctx.save_json(f"{folder}/settings.json", settings)
+    settings.update(data=data.source)
+    state = same_run(ctx, f"{folder}/settings.json", settings)
 
     images, labels = data.train
     steps_per_epoch = len(labels) // config.batch_size
@@ -331,7 +358,7 @@ def _train(
         progress=ctx.progress,
     )
     until = config.until_epoch * steps_per_epoch if config.until_epoch else None
-    result = trainer.fit(resume=resume, until_step=until)
+    result = trainer.fit(resume=state == "same", until_step=until)
     trainer.close()
     records = [r for r in result.log if "eval" in r]
     return {
@@ -339,7 +366,9 @@ def _train(
         "test_loss": [r["eval"]["test_loss"] for r in records],
         "test_accuracy": [r["eval"]["test_accuracy"] for r in records],
         "finished": result.finished,
-        "restarted": previous is not None and not resume,
+        "steps": result.step,
+        "processes": result.processes,
+        "restarted": state == "changed",
     }
 
 
@@ -544,6 +573,12 @@ def run(config: Config, ctx: RunContext) -> Results:
         except DataNotFoundError as error:
             missing.append(error)
             notes.append(f"{name} skipped: {error}")
+            continue
+        if loaded[name].source != name:
+            notes.append(
+                f"{name}: trained and evaluated on {loaded[name].source} (hopfield run "
+                "--stand-in-data): its numbers only show that the recipe runs."
+            )
     if not loaded:
         raise missing[0]
 
@@ -562,8 +597,9 @@ def run(config: Config, ctx: RunContext) -> Results:
             )
         if not result["finished"]:
             notes.append(
-                f"{dataset}/{key}/seed {seed}: stopped after epoch {len(result['test_accuracy'])} of "
-                f"{config.epochs} (until_epoch); run again to continue from the checkpoint."
+                f"{dataset}/{key}/seed {seed}: stopped after step {result['steps']} (epoch "
+                f"{len(result['test_accuracy'])} of {config.epochs}; until_epoch or hopfield run "
+                "--max-steps); run again to continue from the checkpoint."
             )
         curves.setdefault(dataset, {}).setdefault(key, []).append(result)
         images = data.train[0]

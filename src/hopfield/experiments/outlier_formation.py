@@ -26,6 +26,12 @@ What it does:
    training curves of ``max |x|`` (the Figure 2 quantity).
 
 Every point tried is reported with its kurtosis, norms and W8A8 gap, so a null result is data.
+
+Resuming: ``search.json`` and ``compare.json`` keep the evaluated runs (reused only under the same
+``hopfield run --max-steps`` limit), and each run folder's ``run.json`` records the recipe,
+variant and seed its checkpoints belong to (another recipe in the same folder starts over).
+Several processes (``torchrun``): every process trains and evaluates each run together (the
+batch is global), worker pools are off, and only the main process writes files.
 """
 
 from __future__ import annotations
@@ -677,10 +683,12 @@ def _wikitext(config: Config, data_dir: Any) -> _Data:
         raise ValueError(
             f"vocab_size must be >= 300 for the byte-level BPE of wikitext-2, got {config.vocab_size}"
         )
+    from hopfield.experiments.outliers_tasks import main_process_first
+
     splits = load_text("wikitext-2", data_dir, max_lines=config.text_max_lines or None)
     cut = split_sentences if config.sentence_separators else list
     train, val = cut(splits.train), cut(splits.validation)
-    tokenizer = train_tokenizer("bpe", splits.train, config.vocab_size)
+    tokenizer = main_process_first(lambda: train_tokenizer("bpe", splits.train, config.vocab_size))
     return _Data(
         train=_text_sample(tokenizer, train, config, config.train_sequences),
         val=_text_sample(tokenizer, val, config, config.val_sequences),
@@ -727,13 +735,17 @@ def train_and_evaluate(
     """Train ``variant`` under ``config`` with training seed ``seed`` and evaluate it.
 
     Uses :class:`hopfield.training.Trainer` (resuming from ``ctx.out_dir/runs/<tag>`` when a
-    previous run stopped); returns :func:`evaluate`'s metrics plus ``train_s``, ``params``,
-    ``steps`` and ``curve`` (``[(step, {module: max |x|})]`` from the training log).
+    previous run of the same recipe, variant and seed stopped there); returns :func:`evaluate`'s
+    metrics plus ``train_s``, ``params``, ``steps``, ``processes`` (that trained it) and
+    ``curve`` (``[(step, {module: max |x|})]`` from the training log).
     """
     from hopfield.data.synthetic_text import SyntheticTextDataset
+    from hopfield.experiments.outliers_tasks import same_run
     from hopfield.experiments.runner import seed_everything
     from hopfield.training import Trainer
 
+    identity = {"recipe": _recipe(config), "variant": variant, "seed": seed}
+    resume = same_run(ctx, f"runs/{tag}/run.json", identity) == "same"
     data = _data(config, ctx.data_dir)
     dataset = SyntheticTextDataset(data.train)
     seed_everything(seed)
@@ -764,7 +776,7 @@ def train_and_evaluate(
     )
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
-        result = trainer.fit()
+        result = trainer.fit(resume=resume)
     finally:
         trainer.close()
     train_s, train_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
@@ -776,9 +788,10 @@ def train_and_evaluate(
         resumed_from=result.resumed_from,
         params=sum(p.numel() for p in trained.parameters()),
         steps=result.step,
+        processes=result.processes,
         curve=[(r["step"], r["max_abs"]) for r in result.log],
     )
-    if not config.keep_checkpoints:
+    if not config.keep_checkpoints and ctx.is_main_process:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return metrics
 
@@ -808,9 +821,13 @@ def _verdict(metrics: Mapping[str, Any], config: Config) -> Verdict:
 
 
 def _search(config: Config, ctx: RunContext) -> list[dict[str, Any]]:
-    """Train the vanilla model at each search point in order (resumable via ``search.json``)."""
+    """Train the vanilla model at each search point in order (resumable via ``search.json``;
+    entries made under another ``--max-steps`` limit are trained again)."""
+    from hopfield.experiments.outliers_tasks import barrier
+
     done: list[dict[str, Any]] = ctx.load_json("search.json") or []
-    by_name = {e["name"]: e for e in done}
+    barrier()  # every process has read it before the main one rewrites it
+    by_name = {e["name"]: e for e in done if e.get("stop_after") == ctx.stop_after}
     entries: list[dict[str, Any]] = []
     seconds_per_gflop: float | None = None
     points = _point_stream(config, entries, config.criterion)
@@ -818,6 +835,7 @@ def _search(config: Config, ctx: RunContext) -> list[dict[str, Any]]:
         entry = by_name.get(point.name)
         if entry is None:
             entry = {"name": point.name, "overrides": point.overrides, "gflop": point.gflop}
+            entry["stop_after"] = ctx.stop_after
             predicted = None if seconds_per_gflop is None else seconds_per_gflop * point.gflop
             if predicted is not None and predicted > config.budget_s:
                 entry.update(status="skipped", predicted_s=predicted)
@@ -922,13 +940,19 @@ _NOT_RECIPE = frozenset(
 )
 
 
-def _compare(config: Config, ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
-    """Train every variant at every seed under ``config`` (resumable via ``compare.json``)."""
-    done: dict[str, Any] = ctx.load_json("compare.json") or {}
+def _recipe(config: Config) -> dict[str, Any]:
+    """The fields of ``config`` that define a single run, as they read back from JSON."""
     recipe = {k: v for k, v in asdict(config).items() if k not in _NOT_RECIPE}
-    recipe = json.loads(json.dumps(recipe))  # as it reads back from JSON
-    if done.get("recipe") != recipe:
-        done = {"recipe": recipe, "runs": {}}
+    return dict(json.loads(json.dumps(recipe)))
+
+
+def _compare(config: Config, ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
+    """Train every variant at every seed under ``config`` (resumable via ``compare.json``, whose
+    runs count only for the same recipe and ``--max-steps`` limit)."""
+    done: dict[str, Any] = ctx.load_json("compare.json") or {}
+    recipe = _recipe(config)
+    if done.get("recipe") != recipe or done.get("stop_after") != ctx.stop_after:
+        done = {"recipe": recipe, "stop_after": ctx.stop_after, "runs": {}}
     runs: dict[str, Any] = done["runs"]
     jobs = [(v, s) for v in config.variants for s in config.seeds]
     pending = [job for job in jobs if f"{job[0]}/seed{job[1]}" not in runs]

@@ -31,10 +31,20 @@ seq 128, OPT-125m block 512, ViT-S/16 on ImageNet, the authors' optimiser settin
 ``formation`` (OPT only: the recipe under which the ``outlier-formation`` search formed outliers on
 2 CPU cores, synthetic delimiter streams, 3 training seeds). Every per-model setting can be
 overridden with ``--set NAME=VALUE`` (``None`` = the scale's value).
+
+Batches are global: a preset's ``batch_size`` is the number of sequences (images) per optimiser
+step over all processes, ``micro_batch_size`` what one process runs per forward pass (gradient
+accumulation makes up the rest), so a preset trains the same recipe on 1, 2 or 8 processes
+(``torchrun --nproc_per_node N -m hopfield.cli run outliers-bert --preset paper``); ``hopfield run
+--micro-batch-size M`` changes only the memory per device. Under several processes every process
+trains and evaluates the same model (identical numbers); only the main process writes files.
+With ``hopfield run --stand-in-data`` an absent corpus or image set is replaced by random data of
+its shapes (:mod:`hopfield.experiments.outliers_tasks`) and a note says so.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -44,7 +54,14 @@ from typing import Any
 
 import torch
 
-from hopfield.experiments.outliers_tasks import COMPONENTS, Task, build_task, component_name
+from hopfield.data.images import IMAGENET_TRAIN_IMAGES
+from hopfield.experiments.outliers_tasks import (
+    COMPONENTS,
+    Task,
+    build_task,
+    component_name,
+    same_run,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 
@@ -56,6 +73,8 @@ __all__ = [
     "PRESETS",
     "SETTINGS",
     "VARIANT_ROWS",
+    "VIT_BATCH",
+    "VIT_STEPS_PER_EPOCH",
     "Config",
     "ModelSettings",
     "relative_reduction",
@@ -136,9 +155,13 @@ class ModelSettings:
     """Everything that defines the runs of one model family (resolved from a scale + overrides).
 
     Architecture: ``layers``, ``hidden``, ``heads``, ``ffn``, ``dropout``; text: ``seq_len``,
-    ``vocab_size``; images: ``patch_size``, ``image_size`` (ImageNet folders only; other
+    ``vocab_size``, ``max_positions`` (position embeddings, ``None`` = ``seq_len``; BERT-base
+    has 512 and trains at 128); images: ``patch_size``, ``image_size`` (ImageNet folders only; other
     datasets keep their size). Optimiser (:class:`hopfield.training.TrainingConfig`): ``steps``,
-    ``batch_size`` (per process), ``grad_accum``, ``lr``, ``weight_decay``,
+    ``batch_size`` (the global batch: examples per optimiser step over all processes),
+    ``micro_batch_size`` (examples per forward pass on one process, ``None`` = ``batch_size /
+    processes``; ``batch_size`` must be a multiple of ``micro_batch_size × processes``),
+    ``lr``, ``weight_decay``,
     ``decay_norm_weights``, ``schedule``, ``warmup_steps``, ``warmup_start_ratio``,
     ``min_lr_ratio``, ``grad_clip``, ``mixed_precision``. Evaluation: ``eval_batches`` ×
     ``eval_batch_size`` examples, ``calib_batches`` W8A8 calibration batches from
@@ -164,10 +187,11 @@ class ModelSettings:
     schedule: str = "linear"
     seq_len: int = 128
     vocab_size: int = 8192
+    max_positions: int | None = None
     patch_size: int = 4
     image_size: int = 224
     dropout: float = 0.1
-    grad_accum: int = 1
+    micro_batch_size: int | None = None
     decay_norm_weights: bool = False
     warmup_start_ratio: float = 0.0
     min_lr_ratio: float = 0.0
@@ -184,6 +208,12 @@ class ModelSettings:
     branching: int = 8
     init_std: float | None = None
 
+
+#: The ViT paper run's global batch: timm ``--batch-size 512`` per GPU, ``--grad-accum-steps 5``,
+#: 2 GPUs.
+VIT_BATCH = 512 * 5 * 2
+#: Optimiser steps per ImageNet epoch at that batch (250).
+VIT_STEPS_PER_EPOCH = IMAGENET_TRAIN_IMAGES // VIT_BATCH
 
 _TINY_ARCH: dict[str, Any] = dict(
     layers=2, hidden=32, heads=2, ffn=64, steps=3, batch_size=8, lr=1e-3
@@ -322,9 +352,11 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             init_std=0.02,
         ),
     },
+    # Global batches of the authors' launch scripts (spec "Batch [CODE]" row), with micro-batches
+    # that divide batch / 8, so a preset runs unchanged on 1, 2, 4 or 8 processes.
     "paper": {
-        # [CODE] run_mlm: bert-base, seq 128, batch 256, AdamW 1e-4, linear, warm-up 10k,
-        # wd 0.01, clip 1, fp16, 200k steps; BookCorpus + wiki40b.
+        # [CODE] run_mlm: bert-base, seq 128, batch 256 (1 GPU, no accumulation), AdamW 1e-4,
+        # linear, warm-up 10k, wd 0.01, clip 1, fp16, 200k steps; BookCorpus + wiki40b.
         "bert": ModelSettings(
             "bert",
             "bookcorpus-wiki40b",
@@ -334,18 +366,21 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             ffn=3072,
             steps=200_000,
             batch_size=256,
+            micro_batch_size=32,
             lr=1e-4,
             warmup_steps=10_000,
             weight_decay=0.01,
             seq_len=128,
             vocab_size=30522,
+            max_positions=512,
             mixed_precision="fp16",
             eval_batches=256,
             eval_batch_size=32,
             calib_batches=16,
         ),
-        # [CODE] run_clm: OPT-125m (opt-12L12H), block 512, 48 x grad-acc 4, AdamW 4e-4,
-        # linear, warm-up 2k, wd 0.1 incl. LN gamma, fp16, 125k steps; percentile 99.999.
+        # [CODE] run_clm: OPT-125m (opt-12L12H), block 512, 48 per device x grad-acc 4 on 1 GPU =
+        # 192 sequences (the clipped runs: 24 x 8, the same 192), AdamW 4e-4, linear, warm-up 2k,
+        # wd 0.1 incl. LN gamma, fp16, 125k steps; percentile 99.999.
         "opt": ModelSettings(
             "opt",
             "bookcorpus-wiki40b",
@@ -354,8 +389,8 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             heads=12,
             ffn=3072,
             steps=125_000,
-            batch_size=48,
-            grad_accum=4,
+            batch_size=192,
+            micro_batch_size=24,
             lr=4e-4,
             warmup_steps=2000,
             weight_decay=0.1,
@@ -368,9 +403,14 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             calib_batches=4,
             percentile=99.999,
         ),
-        # [CODE] timm: ViT-S/16, 224², batch 512 x 5, lr 1e-3 cosine to 1e-5, warm-up from
-        # 1e-6 over 10 of 150 epochs, wd 0.03, AMP. 150 epochs of ImageNet-1k (1,281,167
-        # images) at 2,560 per step = 75,060 steps; 10 epochs = 5,004 warm-up steps.
+        # [CODE] timm (submit_vit2.sh): ViT-S/16, 224², --batch-size 512 per GPU x
+        # --grad-accum-steps 5 x 2 GPUs (torch.distributed.run --nproc_per_node 2) = 5,120 images
+        # per optimiser step; lr 1e-3 cosine to 1e-5, warm-up from 1e-6 over 10 of 150 epochs,
+        # wd 0.03, AMP. 150 epochs of ImageNet-1k at 250 steps each (the incomplete batch
+        # dropped) = 37,500 steps; 10 epochs = 2,500 warm-up steps. timm changes the rate once
+        # per epoch (its cosine counts from epoch 0); here it changes every step (the cosine
+        # counts from the end of the warm-up). The script's data folder is named
+        # "imagenet-1k-0.1" (maybe a 10 % subset, spec); this preset counts full ImageNet-1k.
         "vit": ModelSettings(
             "vit",
             "imagenet",
@@ -378,11 +418,11 @@ SETTINGS: dict[str, dict[str, ModelSettings]] = {
             hidden=384,
             heads=6,
             ffn=1536,
-            steps=75_060,
-            batch_size=512,
-            grad_accum=5,
+            steps=150 * VIT_STEPS_PER_EPOCH,
+            batch_size=VIT_BATCH,
+            micro_batch_size=128,
             lr=1e-3,
-            warmup_steps=5004,
+            warmup_steps=10 * VIT_STEPS_PER_EPOCH,
             weight_decay=0.03,
             schedule="cosine",
             dropout=0.0,
@@ -442,10 +482,11 @@ class Config:
     schedule: str | None = None
     seq_len: int | None = None
     vocab_size: int | None = None
+    max_positions: int | None = None
     patch_size: int | None = None
     image_size: int | None = None
     dropout: float | None = None
-    grad_accum: int | None = None
+    micro_batch_size: int | None = None
     decay_norm_weights: bool | None = None
     warmup_start_ratio: float | None = None
     min_lr_ratio: float | None = None
@@ -487,7 +528,14 @@ def resolve(config: Config) -> list[ModelSettings]:
             f"model: scale {config.scale!r} has settings for {sorted(SETTINGS[config.scale])} "
             f"only, not {missing}"
         )
-    return [replace(SETTINGS[config.scale][f], **changes) for f in families]
+    resolved = [replace(SETTINGS[config.scale][f], **changes) for f in families]
+    for settings in resolved:
+        if settings.max_positions is not None and settings.max_positions < settings.seq_len:
+            raise ValueError(
+                f"max_positions ({settings.max_positions}) must be at least seq_len "
+                f"({settings.seq_len})"
+            )
+    return resolved
 
 
 def _architecture(settings: ModelSettings) -> dict[str, Any]:
@@ -525,8 +573,10 @@ def _train_and_evaluate(
     config: Config,
     run_dir: Path,
     ctx: RunContext,
+    resume: bool = True,
 ) -> dict[str, Any]:
-    """Train one model and evaluate it (FP, W8A8, outlier metrics, attention diagnostics)."""
+    """Train one model (continuing from the checkpoints in ``run_dir`` if ``resume``) and
+    evaluate it (FP, W8A8, outlier metrics, attention diagnostics) on every process alike."""
     from hopfield.experiments.runner import seed_everything
     from hopfield.integrations import build_model, paper_parameter_count
     from hopfield.outliers import ActivationRecorder, AttentionRecorder, quantize_w8a8
@@ -537,8 +587,8 @@ def _train_and_evaluate(
     steps = settings.steps
     training = ctx.training_config(
         max_steps=steps,
-        batch_size=settings.batch_size * settings.grad_accum,
-        micro_batch_size=settings.batch_size,
+        batch_size=settings.batch_size,
+        micro_batch_size=settings.micro_batch_size,
         lr=settings.lr,
         weight_decay=settings.weight_decay,
         schedule=settings.schedule,
@@ -563,7 +613,7 @@ def _train_and_evaluate(
         progress=ctx.progress,
     )
     started = time.perf_counter()
-    fitted = trainer.fit()
+    fitted = trainer.fit(resume=resume)
     train_seconds = time.perf_counter() - started
     trainer.close()
     model = trainer.unwrapped.float().eval()
@@ -614,6 +664,7 @@ def _train_and_evaluate(
         "final_loss": fitted.log[-1]["loss"] if fitted.log else math.nan,
         "train_seconds": train_seconds,
         "steps": fitted.step,
+        "processes": fitted.processes,
     }
 
 
@@ -759,6 +810,38 @@ def _curves(records: list[dict[str, Any]], ctx: RunContext, family: str, variant
     return steps, values
 
 
+def _record(
+    settings: ModelSettings,
+    task: Task,
+    variant: str,
+    seed: int,
+    config: Config,
+    ctx: RunContext,
+) -> dict[str, Any]:
+    """The evaluated run of ``(settings, variant, seed)``: its ``result.json`` when that holds the
+    same run (settings, data) under the same step limit, else trained (resuming the run folder's
+    checkpoints only when they belong to the same run) and saved.
+
+    Every process reads ``result.json`` before training, and the main process writes it only
+    after the training, which all processes take part in, so all take the same decision.
+    """
+    run_dir = _run_dir(ctx, settings.family, variant, seed)
+    folder = run_dir.relative_to(ctx.out_dir)
+    identity = json.loads(json.dumps({"settings": asdict(settings), "data": task.description}))
+    record = ctx.load_json(f"{folder}/result.json")
+    if (
+        record is not None
+        and record.get("identity") == identity
+        and record.get("stop_after") == ctx.stop_after
+    ):
+        return dict(record)
+    resume = same_run(ctx, f"{folder}/run.json", identity) == "same"
+    record = _train_and_evaluate(settings, task, variant, seed, config, run_dir, ctx, resume)
+    record.update(identity=identity, stop_after=ctx.stop_after)
+    ctx.save_json(f"{folder}/result.json", record)
+    return record
+
+
 def _run_dir(ctx: RunContext, family: str, variant: str, seed: int) -> Path:
     return ctx.out_dir / "runs" / family / variant / f"seed-{seed}"
 
@@ -852,24 +935,19 @@ def run(config: Config, ctx: RunContext) -> Results:
     att_rows: list[list[Any]] = []
     for settings in all_settings:
         family = settings.family
-        task = build_task(settings, ctx.data_dir)
+        task = build_task(settings, ctx.data_dir, stand_in=ctx.stand_in_data)
         results.notes.append(f"{family.upper()}: {task.description}.")
+        if task.stand_in:
+            results.notes.append(
+                f"{family.upper()} trained and evaluated on STAND-IN random data (the dataset is "
+                "absent; hopfield run --stand-in-data): its numbers only show that the recipe runs."
+            )
         agg: dict[str, _Aggregate] = {}
         for variant in variants:
-            records = []
-            for k in range(config.seeds):
-                seed = config.seed + k
-                run_dir = _run_dir(ctx, family, variant, seed)
-                name = f"runs/{family}/{variant}/seed-{seed}/result.json"
-                record = ctx.load_json(name)
-                expected = asdict(settings)
-                if record is None or record.get("settings") != expected:
-                    record = _train_and_evaluate(
-                        settings, task, variant, seed, config, run_dir, ctx
-                    )
-                    record["settings"] = expected
-                    ctx.save_json(name, record)
-                records.append(record)
+            records = [
+                _record(settings, task, variant, config.seed + k, config, ctx)
+                for k in range(config.seeds)
+            ]
             agg[variant] = _aggregate(family, records)
         for variant in variants:
             a = agg[variant]

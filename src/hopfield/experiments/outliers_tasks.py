@@ -20,10 +20,23 @@ Data:
   ``image_size``), normalised to mean 0.5 / std 0.5 per channel. Where a dataset has no train split
   in the data root (the shared data holds only MNIST's 10k test images), its test split is divided:
   all but the last ``eval_examples`` images train, the last ``eval_examples`` evaluate.
+
+Stand-in data (``hopfield run --stand-in-data``): where a corpus or image set is absent
+(:class:`hopfield.data.DataNotFoundError`), ``build_task(..., stand_in=True)`` trains and
+evaluates on random data of the real shapes instead (:class:`hopfield.data.text.StandInTokenBlocks`:
+``steps × batch_size`` training blocks, one pass without repetition as a large corpus gives;
+:class:`hopfield.data.images.StandInImages`: as many images as the real split, ImageNet lazily), and
+the task's description says so. Without it the error propagates.
+
+Several processes (``torchrun``): every process builds the same task. Files shared between
+processes are written once: a tokenizer is trained on the main process first (the others then
+read its cache, :func:`main_process_first`), and :func:`same_run` lets every process decide alike
+whether a run folder's checkpoints belong to the run about to train.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -36,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.data.files import DataNotFoundError, data_root
+from hopfield.experiments.results import RunContext
 
 __all__ = [
     "COMPONENTS",
@@ -43,10 +57,13 @@ __all__ = [
     "Batch",
     "ImageFolder",
     "Task",
+    "barrier",
     "build_task",
     "component_name",
     "image_splits",
     "load_image_folder",
+    "main_process_first",
+    "same_run",
 ]
 
 #: Regular expression of layer ``{j}`` of each family's ``transformers`` model.
@@ -114,6 +131,7 @@ class Task:
         metric_name: ``"perplexity"`` or ``"top-1 (%)"``.
         higher_is_better: direction of the metric.
         description: the data used (for the report).
+        stand_in: whether the data are random stand-ins for an absent dataset.
     """
 
     family: str
@@ -125,6 +143,7 @@ class Task:
     metric_name: str
     higher_is_better: bool
     description: str
+    stand_in: bool = False
 
     def monitor_patterns(self, layers: int) -> list[str]:
         """Every component of every layer (regular expressions for the trainer's monitor)."""
@@ -170,6 +189,42 @@ class Task:
         return math.exp(total / count)
 
 
+def barrier() -> None:
+    """Wait for every process of a multi-process run (nothing in a single process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def main_process_first(build: Callable[[], Any]) -> Any:
+    """``build()`` on the main process, then (after a barrier) on the others: for builders that
+    write a cache file (a trained tokenizer), which the other processes then only read."""
+    import torch.distributed as dist
+
+    main = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    result = build() if main else None
+    barrier()
+    return result if main else build()
+
+
+def same_run(ctx: RunContext, name: str, identity: Any) -> str:
+    """Compare ``identity`` (what defines a training run: settings and data, JSON-serialisable)
+    with the one recorded in the JSON file ``name`` below ``ctx.out_dir``, then record it there.
+
+    Returns ``"new"`` (nothing recorded), ``"same"`` (the run folder's checkpoints belong to this
+    run and may be resumed) or ``"changed"`` (they belong to another run: start over). Every
+    process reads the file before the main process rewrites it (a barrier between them), so all
+    processes get the same answer.
+    """
+    previous = ctx.load_json(name)
+    barrier()
+    ctx.save_json(name, identity)
+    if previous is None:
+        return "new"
+    return "same" if previous == json.loads(json.dumps(identity)) else "changed"
+
+
 def _chunks(n: int, size: int, limit: int) -> list[slice]:
     out = [slice(i, i + size) for i in range(0, n - size + 1, size)]
     return out[:limit]
@@ -182,25 +237,42 @@ def _pick(items: Sequence[Any], count: int, seed: int) -> list[Any]:
 
 @dataclass
 class _Corpus:
-    """Token blocks of a text task: ``train`` ``(N, T)``, ``valid`` ``(M, T)``, the special-token
-    ``ids`` by role, the vocabulary size, the ``delimiters`` of the attention diagnostics and a
-    description of where the blocks come from."""
+    """Token blocks of a text task: ``train`` (``N`` blocks ``(T,)``: a tensor ``(N, T)`` or a
+    lazy dataset), ``valid`` ``(M, T)``, the special-token ``ids`` by role, the vocabulary size,
+    the ``delimiters`` of the attention diagnostics, a description of where the blocks come from
+    and whether they are stand-ins."""
 
-    train: Tensor
+    train: Any  # sized and indexable: block i is (T,)
     valid: Tensor
     ids: dict[str, int]
     vocab: int
     delimiters: list[int]
     description: str
+    stand_in: bool = False
 
 
-def _tokenized_corpus(settings: Any, data_dir: Path | None, limit: int) -> _Corpus:
+def _kind(family: str) -> str:
+    return "wordpiece" if family == "bert" else "bpe"
+
+
+def _delimiters(family: str, ids: dict[str, int]) -> list[int]:
+    return [ids["cls"], ids["sep"]] if family == "bert" else [ids["bos"]]
+
+
+def _tokenized_corpus(settings: Any, data_dir: Path | None, limit: int, stand_in: bool) -> _Corpus:
     from hopfield.data.text import load_text, special_ids, token_blocks, train_tokenizer
 
-    kind = "wordpiece" if settings.family == "bert" else "bpe"
-    splits = load_text(settings.dataset, data_dir, max_lines=settings.max_train or None)
-    tokenizer = train_tokenizer(
-        kind, splits.train, settings.vocab_size, cache_dir=settings.cache_dir
+    kind = _kind(settings.family)
+    try:
+        splits = load_text(settings.dataset, data_dir, max_lines=settings.max_train or None)
+    except DataNotFoundError as missing:
+        if not stand_in:
+            raise
+        return _stand_in_corpus(settings, limit, missing)
+    tokenizer = main_process_first(
+        lambda: train_tokenizer(
+            kind, splits.train, settings.vocab_size, cache_dir=settings.cache_dir
+        )
     )
     ids = special_ids(tokenizer, kind)
     vocab = tokenizer.get_vocab_size()
@@ -209,8 +281,33 @@ def _tokenized_corpus(settings: Any, data_dir: Path | None, limit: int) -> _Corp
         valid=token_blocks(tokenizer, splits.validation, kind, settings.seq_len, max_blocks=limit),
         ids=ids,
         vocab=vocab,
-        delimiters=[ids["cls"], ids["sep"]] if settings.family == "bert" else [ids["bos"]],
+        delimiters=_delimiters(settings.family, ids),
         description=f"{splits.description}; {kind} tokenizer ({vocab} tokens) trained on the train split",
+    )
+
+
+def _stand_in_corpus(settings: Any, limit: int, missing: DataNotFoundError) -> _Corpus:
+    """Random blocks in place of the absent corpus (``steps × batch_size`` training blocks: one
+    pass over distinct blocks, as a corpus larger than the run gives; ``limit`` evaluation
+    blocks)."""
+    from hopfield.data.text import StandInTokenBlocks, stand_in_special_ids
+
+    kind = _kind(settings.family)
+    ids = stand_in_special_ids(kind)
+    count = settings.steps * settings.batch_size
+    train = StandInTokenBlocks(count, settings.seq_len, kind, settings.vocab_size, seed=1)
+    valid = StandInTokenBlocks(limit, settings.seq_len, kind, settings.vocab_size, seed=2)
+    return _Corpus(
+        train=train,
+        valid=valid.tensor(),
+        ids=ids,
+        vocab=settings.vocab_size,
+        delimiters=_delimiters(settings.family, ids),
+        description=(
+            f"STAND-IN random token blocks ({settings.vocab_size} ids, {kind} specials) in place "
+            f"of {settings.dataset}, which is absent ({missing}); the numbers mean nothing"
+        ),
+        stand_in=True,
     )
 
 
@@ -245,7 +342,7 @@ def _synthetic_corpus(settings: Any, limit: int) -> _Corpus:
     )
 
 
-def _text_task(settings: Any, data_dir: Path | None) -> Task:
+def _text_task(settings: Any, data_dir: Path | None, stand_in: bool) -> Task:
     from hopfield.data.text import mask_tokens
 
     family = settings.family
@@ -253,7 +350,7 @@ def _text_task(settings: Any, data_dir: Path | None) -> Task:
     if settings.dataset == "synthetic":
         corpus = _synthetic_corpus(settings, limit)
     else:
-        corpus = _tokenized_corpus(settings, data_dir, limit)
+        corpus = _tokenized_corpus(settings, data_dir, limit, stand_in)
     train, valid, ids, vocab = corpus.train, corpus.valid, corpus.ids, corpus.vocab
     slices = _chunks(len(valid), settings.eval_batch_size, settings.eval_batches)
     if not slices:
@@ -305,17 +402,21 @@ def _text_task(settings: Any, data_dir: Path | None) -> Task:
         if settings.calibrate_on == "validation":
             return [b.inputs for b in _pick(eval_batches(seed), settings.calib_batches, seed)]
         generator = torch.Generator().manual_seed(seed)
-        rows = torch.randperm(len(train), generator=generator)
+        rows = torch.randperm(len(train), generator=generator).tolist()
+        n = settings.eval_batch_size
         out = []
         for k in range(settings.calib_batches):
-            block = train[rows[k * settings.eval_batch_size : (k + 1) * settings.eval_batch_size]]
+            block = torch.stack([train[i] for i in rows[k * n : (k + 1) * n]])
             out.append({"input_ids": mask(block, generator)[0] if family == "bert" else block})
         return out
 
     return Task(
         family=family,
-        model_config={**common, "max_position_embeddings": settings.seq_len},
-        train=list(train),
+        model_config={
+            **common,
+            "max_position_embeddings": settings.max_positions or settings.seq_len,
+        },
+        train=train,
         loss_fn=loss_fn,
         eval_batches=eval_batches,
         calibration_batches=calibration_batches,
@@ -325,6 +426,7 @@ def _text_task(settings: Any, data_dir: Path | None) -> Task:
             f"{corpus.description}; {len(train)} training blocks and {len(slices) * settings.eval_batch_size} "
             f"evaluation blocks of {settings.seq_len} tokens"
         ),
+        stand_in=corpus.stand_in,
     )
 
 
@@ -406,20 +508,54 @@ def image_splits(
     eval_examples: int,
     image_size: int | None = None,
     max_train: int | None = None,
+    stand_in: bool = False,
 ) -> tuple[Any, tuple[Tensor, Tensor], str]:
     """``(train, (eval images, labels), description)`` of an image dataset.
 
     ``train`` is an ``(images, labels)`` pair of tensors, or for ``"imagenet"`` a lazy
     :class:`ImageFolder` of ``<data root>/images/imagenet/train`` (evaluation: the first
-    ``eval_examples`` images of ``.../val``).
+    ``eval_examples`` images of ``.../val``). With ``stand_in``, an absent dataset is replaced by
+    random images of its shape: ``train`` is then a lazy
+    :class:`hopfield.data.images.StandInImages` (:func:`hopfield.data.images.stand_in_images`).
     """
-    if dataset == "imagenet":
-        root = data_root(data_dir)
-        folder = (root or Path("$DATA")) / "images" / "imagenet"
-        size = image_size or 224
-        lazy = ImageFolder(folder / "train", size, max_train)
-        evaluation = load_image_folder(folder / "val", size, eval_examples)
-        return lazy, evaluation, f"ImageNet folder {folder}: train / val"
+    train, evaluation, description, _ = _image_data(
+        dataset, data_dir, eval_examples, image_size, max_train, stand_in
+    )
+    return train, evaluation, description
+
+
+def _image_data(
+    dataset: str,
+    data_dir: Path | None,
+    eval_examples: int,
+    image_size: int | None,
+    max_train: int | None,
+    stand_in: bool,
+) -> tuple[Any, tuple[Tensor, Tensor], str, bool]:
+    """:func:`image_splits` and whether the data are stand-ins."""
+    try:
+        if dataset == "imagenet":
+            return (*_imagenet(data_dir, eval_examples, image_size or 224, max_train), False)
+        return (*_tensor_splits(dataset, data_dir, eval_examples, max_train), False)
+    except DataNotFoundError as missing:
+        if not stand_in:
+            raise
+        return (*_stand_in_splits(dataset, eval_examples, image_size, max_train, missing), True)
+
+
+def _imagenet(
+    data_dir: Path | None, eval_examples: int, size: int, max_train: int | None
+) -> tuple[Any, tuple[Tensor, Tensor], str]:
+    root = data_root(data_dir)
+    folder = (root or Path("$DATA")) / "images" / "imagenet"
+    lazy = ImageFolder(folder / "train", size, max_train)
+    evaluation = load_image_folder(folder / "val", size, eval_examples)
+    return lazy, evaluation, f"ImageNet folder {folder}: train / val"
+
+
+def _tensor_splits(
+    dataset: str, data_dir: Path | None, eval_examples: int, max_train: int | None
+) -> tuple[Any, tuple[Tensor, Tensor], str]:
     from hopfield.data.images import load_image_dataset
 
     test = load_image_dataset(dataset, "test", data_dir)
@@ -444,15 +580,48 @@ def image_splits(
     return train, test, description
 
 
-def _image_task(settings: Any, data_dir: Path | None) -> Task:
+def _stand_in_splits(
+    dataset: str,
+    eval_examples: int,
+    image_size: int | None,
+    max_train: int | None,
+    missing: DataNotFoundError,
+) -> tuple[Any, tuple[Tensor, Tensor], str]:
+    """Random images of ``dataset``'s shape and classes: the training set a lazy
+    :class:`hopfield.data.images.StandInImages` (``max_train`` images, else as many as the real
+    split), the evaluation images in memory."""
+    from hopfield.data.images import stand_in_images
+
+    size = image_size if dataset == "imagenet" else None
+    train = stand_in_images(dataset, "train", size=size, count=max_train or None)
+    test = stand_in_images(dataset, "test", size=size, count=eval_examples).tensors()
+    description = (
+        f"STAND-IN random images of {dataset}'s shape ({train.channels}x{train.size}x"
+        f"{train.size}, {train.classes} classes) in place of the absent data ({missing}); the "
+        "numbers mean nothing"
+    )
+    return train, test, description
+
+
+def _image_task(settings: Any, data_dir: Path | None, stand_in: bool) -> Task:
+    from hopfield.data.images import StandInImages
+
     eval_examples = settings.eval_batches * settings.eval_batch_size
-    train_data, (x_eval, y_eval), description = image_splits(
-        settings.dataset, data_dir, eval_examples, settings.image_size, settings.max_train or None
+    train_data, (x_eval, y_eval), description, stood_in = _image_data(
+        settings.dataset,
+        data_dir,
+        eval_examples,
+        settings.image_size,
+        settings.max_train or None,
+        stand_in,
     )
     x_eval = (x_eval - 0.5) / 0.5
     if isinstance(train_data, ImageFolder):
         train: Any = _Normalized(train_data)
         classes = len(train_data.classes)
+    elif isinstance(train_data, StandInImages):
+        train = _Normalized(train_data)
+        classes = train_data.classes
     else:
         x_train, y_train = train_data
         train = list(zip((x_train - 0.5) / 0.5, y_train, strict=True))
@@ -502,14 +671,16 @@ def _image_task(settings: Any, data_dir: Path | None) -> Task:
             f"{description}; {len(train)} training and {len(slices) * settings.eval_batch_size} "
             f"evaluation images, {size}x{size}x{channels}, {tokens} tokens"
         ),
+        stand_in=stood_in,
     )
 
 
-def build_task(settings: Any, data_dir: Path | None) -> Task:
+def build_task(settings: Any, data_dir: Path | None, stand_in: bool = False) -> Task:
     """The :class:`Task` of ``settings.family`` (``settings``: the study's resolved per-model
-    settings, see :class:`hopfield.experiments.outliers.ModelSettings`)."""
+    settings, see :class:`hopfield.experiments.outliers.ModelSettings`); ``stand_in``: random
+    data of the real shapes where the dataset is absent (see the module docstring)."""
     if settings.family in ("bert", "opt"):
-        return _text_task(settings, data_dir)
+        return _text_task(settings, data_dir, stand_in)
     if settings.family == "vit":
-        return _image_task(settings, data_dir)
+        return _image_task(settings, data_dir, stand_in)
     raise ValueError(f"model must be 'bert', 'opt' or 'vit', got {settings.family!r}")
