@@ -1,0 +1,989 @@
+"""What each experiment's preset trains, as :class:`hopfield.plan.TrainingJob` objects.
+
+For every experiment that trains models, a function ``<experiment>_jobs(config) ->
+list[TrainingJob]`` lists the models the preset trains (built with the experiment's own
+builders, so parameter counts and shapes are the real ones), their batches, losses, optimiser
+steps and how many runs of each; :data:`JOBS` maps experiment names to them. Experiments that
+train nothing are in :data:`NOT_TRAINED` with what they compute. :func:`hopfield.plan.plan`
+prices them (``hopfield plan NAME --preset paper``).
+
+This module registers no experiment and imports the experiment modules only when a job list is
+asked for. Dataset sizes that the numbers rest on are the published sizes of the datasets (stated
+in each job's notes); a preset that stops early (early stopping, a search that ends at its first
+success) is priced at its longest schedule, and the notes say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hopfield.plan import DataNeed, TrainingJob
+
+__all__ = [
+    "JOBS",
+    "MIL_SHAPES",
+    "NOT_TRAINED",
+    "SERIES_COLUMNS",
+    "SERIES_ROWS",
+    "convergence_jobs",
+    "hyperset_images_jobs",
+    "hyperset_mim_jobs",
+    "hyperset_sudoku_jobs",
+    "jobs_of",
+    "mil_benchmark_jobs",
+    "mil_bit_pattern_jobs",
+    "mil_mnist_bags_jobs",
+    "outlier_formation_jobs",
+    "outliers_jobs",
+    "stanhop_outliers_jobs",
+    "timeseries_hopfield_jobs",
+    "untrained_data",
+]
+
+Batch = Any
+Builder = Callable[[torch.device], nn.Module]
+
+
+def _on(factory: Callable[[], nn.Module]) -> Builder:
+    """``build(device)``: ``factory()`` with ``device`` as the default device."""
+
+    def build(device: torch.device) -> nn.Module:
+        with device:
+            return factory()
+
+    return build
+
+
+def _image_batch(channels: int, side: int, classes: int) -> Callable[[int, torch.device], Batch]:
+    """Images ``(n, C, S, S)`` float32 and labels ``(n,)`` int64."""
+
+    def make(n: int, device: torch.device) -> Batch:
+        return (
+            torch.rand(n, channels, side, side, device=device),
+            torch.randint(classes, (n,), device=device),
+        )
+
+    return make
+
+
+def _cross_entropy(model: nn.Module, batch: Batch) -> Tensor:
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def _causal_lm_loss(model: nn.Module, batch: Batch) -> Tensor:
+    return model(**batch).loss
+
+
+def _stanhop_counted(model: nn.Module) -> int:
+    """STanHop-Net parameters without the two position tables (OutEffHop Table 1's count)."""
+    from hopfield.models.stanhop import STanHopNet
+
+    if not isinstance(model, STanHopNet):
+        raise TypeError(f"expected a STanHopNet, got {type(model).__name__}")
+    return model.parameter_counts()["without_position_tables"]
+
+
+def _mse(model: nn.Module, batch: Batch) -> Tensor:
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def _window_batch(
+    in_len: int, out_len: int, inputs: int, targets: int
+) -> Callable[[int, torch.device], Batch]:
+    """Windows ``x (n, T, C_in)`` and ``y (n, τ, C_out)``."""
+
+    def make(n: int, device: torch.device) -> Batch:
+        return (
+            torch.randn(n, in_len, inputs, device=device),
+            torch.randn(n, out_len, targets, device=device),
+        )
+
+    return make
+
+
+def _same_fields(config: Any, paper: Any, names: Sequence[str]) -> bool:
+    return all(getattr(config, n) == getattr(paper, n) for n in names)
+
+
+def _image_needs(name: str, splits: Sequence[str] = ("train", "test")) -> tuple[DataNeed, ...]:
+    from hopfield.data.images import image_files
+
+    return tuple(DataNeed.of(f) for split in splits for f in image_files(name, split))
+
+
+def _image_shape(name: str) -> tuple[int, int, int, dict[str, int]]:
+    """``(channels, side, classes, {split: images})`` of an image dataset."""
+    from hopfield.data.images import STAND_IN_SHAPES
+
+    if name not in STAND_IN_SHAPES:
+        raise ValueError(f"no known shape for image dataset {name!r}")
+    return STAND_IN_SHAPES[name]
+
+
+# --- convergence --------------------------------------------------------------------------------
+
+
+def convergence_jobs(config: Any) -> list[TrainingJob]:
+    """Every (dataset, model) of ``convergence``; runs = seeds. Steps per epoch = train images //
+    batch (the Trainer drops the incomplete batch)."""
+    from hopfield.experiments.convergence import _loss, build_model
+    from hopfield.models.vision import num_patches
+
+    jobs = []
+    for dataset in config.datasets:
+        channels, side, classes, counts = _image_shape(dataset)
+        images = min(config.train_size or counts["train"], counts["train"])
+        per_epoch = images // config.batch_size
+        note = (
+            f"convergence {dataset}: {images:,} training images ({counts['train']:,} in the train "
+            f"split), {per_epoch} steps per epoch at batch {config.batch_size}, "
+            f"{config.epochs} epochs; datasets that are absent are skipped by the experiment."
+        )
+        for key in config.models:
+            jobs.append(
+                TrainingJob(
+                    name=f"{dataset} {key}",
+                    build_model=_on(partial(build_model, config, key, side, channels, classes)),
+                    make_batch=_image_batch(channels, side, classes),
+                    loss=_loss,
+                    global_batch=config.batch_size,
+                    optimizer_steps=max(1, config.epochs * per_epoch),
+                    runs=config.seeds,
+                    tokens_per_example=num_patches(side, config.patch_size) + 1,
+                    data=_image_needs(dataset),
+                    group=dataset,
+                    notes=(note,),
+                )
+            )
+    return jobs
+
+
+# --- outliers (BERT, OPT, ViT) ------------------------------------------------------------------
+
+#: The exact counts behind OutEffHop Table 1's "108.9m", "124.06m" and the ViT-S/16 count (the
+#: paper prints "22.03m"), in :func:`hopfield.integrations.paper_parameter_count`'s convention,
+#: and what the gated variants add (tests/test_integrations.py).
+OUTLIER_PAPER_COUNTS: dict[str, tuple[int, int]] = {
+    "bert": (108_891_648, 152_208),
+    "opt": (124_059_648, 9_360),
+    "vit": (22_050_664, 4_680),
+}
+
+
+def _text_model_config(settings: Any) -> dict[str, Any]:
+    """The ``build_model`` keywords the study's text task gives (vocabulary, special ids,
+    positions), with the ids of the stand-in / synthetic data (the sizes are what matter)."""
+    from hopfield.data import synthetic_text as st
+    from hopfield.data.text import stand_in_special_ids
+
+    if settings.dataset == "synthetic":
+        ids = {"pad": st.PAD, "bos": st.BOS, "eos": st.DELIM}
+    else:
+        ids = stand_in_special_ids("wordpiece" if settings.family == "bert" else "bpe")
+    config: dict[str, Any] = {"vocab_size": settings.vocab_size, "pad_token_id": ids["pad"]}
+    if settings.family == "opt":
+        config.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"])
+    config["max_position_embeddings"] = settings.max_positions or settings.seq_len
+    return config
+
+
+def _text_needs(dataset: str) -> tuple[DataNeed, ...]:
+    from hopfield.data.text import WIKITEXT2_FILES
+
+    if dataset == "wikitext-2":
+        return (
+            DataNeed.of(WIKITEXT2_FILES["valid"]),
+            DataNeed.of(WIKITEXT2_FILES["test"]),
+            DataNeed.of(WIKITEXT2_FILES["train"], note="optional: without it valid.txt trains"),
+        )
+    if dataset == "synthetic":
+        return ()
+    hub = {
+        "bookcorpus-wiki40b": "bookcorpus/bookcorpus + google/wiki40b (en)",
+        "wikitext-103": "Salesforce/wikitext (wikitext-103-raw-v1)",
+    }
+    return (
+        DataNeed(
+            hub.get(dataset, dataset),
+            note="Hugging Face Hub corpus, streamed into the datasets cache; not checked here "
+            "(hopfield run --stand-in-data replaces it)",
+        ),
+    )
+
+
+def outliers_jobs(config: Any) -> list[TrainingJob]:
+    """Every (model family, attention variant) of the outlier study; runs = training seeds."""
+    from hopfield.experiments.outliers import PAPER_TABLE1, _architecture, resolve
+    from hopfield.integrations import build_model, paper_parameter_count
+
+    jobs = []
+    union = (
+        ("outliers trains the models of outliers-bert, outliers-opt and outliers-vit together "
+         "(do not add their rows up).",)
+        if config.model == "all"
+        else ()
+    )  # fmt: skip
+    for settings in resolve(config):
+        family = settings.family
+        arch = _architecture(settings)
+        if family == "vit":
+            if settings.dataset == "imagenet":
+                channels, side, classes = 3, settings.image_size, 1000
+                data: tuple[DataNeed, ...] = tuple(
+                    DataNeed(f"images/imagenet/{s}", folder=f"images/imagenet/{s}")
+                    for s in ("train", "val")
+                )
+                note = (
+                    f"vit: ImageNet-1k, 1,281,167 training images, {settings.batch_size:,} per "
+                    f"step: {settings.steps:,} steps = "
+                    f"{settings.steps * settings.batch_size / 1_281_167:.1f} epochs. ViT-S/16 has "
+                    "22,050,664 parameters (checked); the paper prints 22.03m."
+                )
+            else:
+                channels, side, classes, counts = _image_shape(settings.dataset)
+                data = _image_needs(settings.dataset)
+                note = f"vit: {settings.dataset}, {counts['train']:,} training images."
+            model_config: dict[str, Any] = {
+                "image_size": side,
+                "patch_size": settings.patch_size,
+                "num_channels": channels,
+                "num_labels": classes,
+            }
+            tokens = (side // settings.patch_size) ** 2 + 1
+            make_batch = _image_batch(channels, side, classes)
+
+            def loss(model: nn.Module, batch: Batch) -> Tensor:
+                images, labels = batch
+                return model(pixel_values=images, labels=labels).loss
+
+        else:
+            model_config = _text_model_config(settings)
+            tokens = settings.seq_len
+            data = _text_needs(settings.dataset)
+            note = (
+                f"{family}: {settings.steps:,} steps × {settings.batch_size} sequences × "
+                f"{settings.seq_len} tokens = {settings.steps * settings.batch_size * settings.seq_len / 1e9:.2f}B "
+                f"training tokens from {settings.dataset}."
+            )
+
+            def make_batch(n: int, device: torch.device, settings: Any = settings) -> Batch:
+                return torch.randint(settings.vocab_size, (n, settings.seq_len), device=device)
+
+            def loss(model: nn.Module, batch: Batch) -> Tensor:
+                # BERT masks 15 % of the tokens, OPT predicts every next token; the model and
+                # its vocabulary projection run over all positions either way.
+                return model(input_ids=batch, labels=batch).loss
+
+        for variant in dict.fromkeys(config.variants):
+            count, label = None, ""
+            if config.scale == "paper":
+                base, gate = OUTLIER_PAPER_COUNTS[family]
+                count = base + (gate if "gated" in variant else 0)
+                label = PAPER_TABLE1[family, variant][4]
+            jobs.append(
+                TrainingJob(
+                    name=f"{family} {variant}",
+                    build_model=_on(partial(build_model, family, variant, **model_config, **arch)),
+                    make_batch=make_batch,
+                    loss=loss,
+                    global_batch=settings.batch_size,
+                    optimizer_steps=settings.steps,
+                    runs=config.seeds,
+                    tokens_per_example=tokens,
+                    micro_batch_size=settings.micro_batch_size,
+                    data=data,
+                    count_parameters=paper_parameter_count,
+                    group=family,
+                    precision=(
+                        "fp32"
+                        if settings.mixed_precision == "no"
+                        else f"{settings.mixed_precision} autocast"
+                    ),
+                    notes=(
+                        note,
+                        "Evaluation and W8A8 calibration after training are not counted.",
+                        *union,
+                    ),
+                    paper_parameters=count,
+                    paper_label=label,
+                )
+            )
+    return jobs
+
+
+# --- outlier-formation --------------------------------------------------------------------------
+
+
+def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
+    """The search (every point it may train, grouped by model size and steps) and the
+    comparison (every variant × seed) at the costliest point: an upper bound."""
+    from hopfield.experiments.outlier_formation import (
+        COST_FIELDS,
+        build,
+        grid_points,
+        ladder_points,
+        training_gflop,
+    )
+
+    if config.strategy == "ladder":
+        first = ladder_points(config)
+        names = {p.name for p in first}
+        second = [p for p in ladder_points(config, first[0].overrides) if p.name not in names]
+        points = [("search stage 1", p) for p in first] + [("search stage 2", p) for p in second]
+    else:
+        points = [("search", p) for p in grid_points(config)]
+    if config.max_configs:
+        points = points[: config.max_configs]
+    shape_fields = (*COST_FIELDS, "num_heads")
+
+    def job(name: str, group: str, point_config: Any, variant: str, runs: int) -> TrainingJob:
+        seq, vocab = point_config.seq_len, point_config.vocab_size
+
+        def make_batch(n: int, device: torch.device) -> Batch:
+            ids = torch.randint(vocab, (n, seq), device=device)
+            return {"input_ids": ids, "labels": ids}
+
+        return TrainingJob(
+            name=name,
+            build_model=_on(partial(build, point_config, variant)),
+            make_batch=make_batch,
+            loss=_causal_lm_loss,
+            global_batch=point_config.batch_size,
+            optimizer_steps=point_config.steps,
+            runs=runs,
+            tokens_per_example=seq,
+            data=_text_needs("wikitext-2") if point_config.data == "wikitext-2" else (),
+            group=group,
+            notes=(
+                "outlier-formation: an upper bound. The search stops at the first point that forms "
+                "outliers; priced here is every point it may try, and the comparison at the "
+                "costliest of them (with a success at the cheapest point it trains 1 search run "
+                "and the comparison there).",
+            ),
+        )
+
+    jobs: list[TrainingJob] = []
+    grouped: dict[tuple[str, tuple[Any, ...]], list[Any]] = {}
+    for group, point in points:
+        key = (group, tuple(getattr(point.config, f) for f in shape_fields))
+        grouped.setdefault(key, []).append(point)
+    for (group, _), members in grouped.items():
+        c = members[0].config
+        name = (
+            f"{group}: L{c.num_layers} d{c.hidden_size} F{c.ffn_dim} V{c.vocab_size} "
+            f"T{c.seq_len}, {c.steps:,} steps ({len(members)} point(s))"
+        )
+        jobs.append(job(name, group, c, "softmax", len(members)))
+    if config.compare and points:
+        costliest = max((p for _, p in points), key=lambda p: training_gflop(p.config))
+        c = costliest.config
+        for variant in config.variants:
+            name = f"comparison {variant} at L{c.num_layers} F{c.ffn_dim}, {c.steps:,} steps"
+            jobs.append(job(name, "comparison (costliest point)", c, variant, len(config.seeds)))
+    return jobs
+
+
+# --- stanhop-outliers ---------------------------------------------------------------------------
+
+#: Rows of the forecasting files (``date`` column excluded from the series count).
+SERIES_ROWS = {"ETTh1": 17_420, "ETTm1": 69_680, "WTH": 35_064}
+#: Series (columns besides ``date``) of the forecasting files.
+SERIES_COLUMNS = {"ETTh1": 7, "ETTm1": 7, "WTH": 12, "ECL": 321, "Traffic": 862, "synthetic": 7}
+
+#: STanHop-Net parameters of OutEffHop Table 1 (ETTh1, T 168, τ 24, L 6), without the position
+#: tables: "35.13m", and "35.15m" for the gated rows (spec stanhop.md §11).
+STANHOP_PAPER_COUNTS = {
+    "dense": (35_128_648, "35.13m"),
+    "outeffhop": (35_128_648, "35.13m"),
+    "clipped": (35_128_648, "35.13m"),
+    "clipped_outeffhop": (35_128_648, "35.13m"),
+    "gated": (35_149_708, "35.15m"),
+    "gated_outeffhop": (35_149_708, "35.15m"),
+}
+_STANHOP_ARCH = ("d_model", "d_ff", "num_heads", "e_layers", "factor", "win_size")
+
+
+def _train_rows(dataset: str, protocol: str, max_rows: int | None) -> tuple[int, str]:
+    """Training rows of a forecasting split and where the number comes from."""
+    from hopfield.data.timeseries import DATASETS, split_sizes
+
+    if dataset == "synthetic":
+        rows = max_rows or 2000
+        return split_sizes(rows, "ratio")[0], f"synthetic series of {rows} rows"
+    if dataset not in SERIES_ROWS:
+        raise ValueError(f"no known row count for {dataset!r}; known: {sorted(SERIES_ROWS)}")
+    rows = SERIES_ROWS[dataset] if max_rows is None else min(max_rows, SERIES_ROWS[dataset])
+    if protocol == "stanhop" and max_rows is None and DATASETS[dataset].stanhop_rows:
+        train = DATASETS[dataset].stanhop_rows[0]  # type: ignore[index]
+        return train, f"{dataset}: {train:,} training rows (STanHop month split of {rows:,} rows)"
+    train = split_sizes(rows, "ratio")[0]
+    return train, f"{dataset}: {train:,} training rows (70 % of {rows:,} rows)"
+
+
+def _series_needs(dataset: str) -> tuple[DataNeed, ...]:
+    from hopfield.data.timeseries import DATASETS
+
+    return (DataNeed.of(DATASETS[dataset].file),) if dataset in DATASETS else ()
+
+
+def _epoch_steps(windows: int, batch: int, cap: int | None) -> int:
+    steps = math.ceil(windows / batch)  # the last, smaller batch trains too
+    return min(steps, cap) if cap else steps
+
+
+def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
+    """Every (setting, association) of ``stanhop-outliers``; runs = seeds; the longest schedule
+    (``epochs``; early stopping with ``patience`` ends most runs sooner)."""
+    from hopfield.experiments.stanhop_outliers import PRESETS, _setting, build_model
+
+    paper_arch = _same_fields(config, PRESETS["paper"], _STANHOP_ARCH)
+    jobs = []
+    for raw in config.settings:
+        dataset, horizon, in_len, seg_len, _, batch = _setting(raw)
+        protocol = "ratio" if config.max_rows else "stanhop"
+        train, where = _train_rows(dataset, protocol, config.max_rows)
+        windows = train - in_len - horizon + 1
+        per_epoch = _epoch_steps(windows, batch, config.max_train_batches)
+        series = SERIES_COLUMNS[dataset]
+        note = (
+            f"stanhop {dataset} T{in_len}→{horizon}: {where}, {windows:,} windows, {per_epoch} "
+            f"steps per epoch at batch {batch}, at most {config.epochs} epochs (early stopping "
+            f"after {config.patience} epochs without improvement usually ends sooner)."
+        )
+        table1 = paper_arch and (dataset, horizon, in_len, seg_len) == ("ETTh1", 24, 168, 6)
+        for kind in config.models:
+            count, label = STANHOP_PAPER_COUNTS.get(kind, (None, "")) if table1 else (None, "")
+            jobs.append(
+                TrainingJob(
+                    name=f"{dataset} T{in_len}→{horizon} {kind}",
+                    build_model=_on(
+                        partial(build_model, config, series, in_len, horizon, seg_len, kind)
+                    ),
+                    make_batch=_window_batch(in_len, horizon, series, series),
+                    loss=_mse,
+                    global_batch=batch,
+                    optimizer_steps=config.epochs * per_epoch,
+                    runs=config.seeds,
+                    data=_series_needs(dataset),
+                    count_parameters=_stanhop_counted,
+                    group=f"{dataset} T{in_len}→{horizon}",
+                    notes=(note,),
+                    paper_parameters=count,
+                    paper_label=label,
+                )
+            )
+    return jobs
+
+
+# --- timeseries-hopfield ------------------------------------------------------------------------
+
+
+def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
+    """Every (dataset, horizon, model) of ``timeseries-hopfield`` (input length = horizon);
+    runs = seeds; the longest schedule (``epochs``; early stopping usually ends sooner)."""
+    from hopfield.experiments.timeseries_hopfield import build_model
+
+    jobs = []
+    for dataset in config.datasets:
+        train, where = _train_rows(dataset, "ratio", config.max_rows)
+        columns = SERIES_COLUMNS[dataset]
+        inputs = 1 if config.features == "S" else columns
+        targets = columns if config.features == "M" else 1
+        for horizon in config.horizons:
+            windows = train - 2 * horizon + 1
+            per_epoch = _epoch_steps(windows, config.batch_size, config.max_train_batches)
+            note = (
+                f"timeseries {dataset} H{horizon}: {where}, {windows:,} windows, {per_epoch} steps "
+                f"per epoch at batch {config.batch_size}, at most {config.epochs} epochs "
+                f"(early stopping after {config.patience} epochs without improvement)."
+            )
+            for name in config.models:
+                jobs.append(
+                    TrainingJob(
+                        name=f"{dataset} H{horizon} {name}",
+                        build_model=_on(
+                            partial(build_model, name, horizon, horizon, inputs, config)
+                        ),
+                        make_batch=_window_batch(horizon, horizon, inputs, targets),
+                        loss=_mse,
+                        global_batch=config.batch_size,
+                        optimizer_steps=config.epochs * per_epoch,
+                        runs=config.seeds,
+                        tokens_per_example=horizon,
+                        data=_series_needs(dataset),
+                        group=f"{dataset} H{horizon}",
+                        notes=(note,),
+                        cache_key=("timeseries", name, horizon, inputs, targets),
+                    )
+                )
+    return jobs
+
+
+# --- MIL ----------------------------------------------------------------------------------------
+
+#: ``name -> (features, largest bag, positive bags, negative bags)`` of the MIL benchmarks (the
+#: files in the project's shared data).
+MIL_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "elephant": (230, 13, 100, 100),
+    "fox": (230, 13, 100, 100),
+    "tiger": (230, 13, 100, 100),
+    "musk1": (166, 40, 47, 45),
+    "ucsb": (708, 40, 26, 32),
+}
+
+
+def _bag_batch(bag: int, features: int) -> Callable[[int, torch.device], Batch]:
+    """Bags ``(n, S, F)``, no padding mask (all bags of the batch padded to ``S``), labels."""
+
+    def make(n: int, device: torch.device) -> Batch:
+        return (
+            torch.randn(n, bag, features, device=device),
+            None,
+            torch.randint(2, (n,), device=device).float(),
+        )
+
+    return make
+
+
+def _bag_loss(model: nn.Module, batch: Batch) -> Tensor:
+    x, mask, y = batch
+    return F.binary_cross_entropy_with_logits(model(x, mask), y)
+
+
+def _mil_net(features: int, method: str, **options: Any) -> Callable[[], nn.Module]:
+    from hopfield.models.mil import MILNet
+
+    # seed=None: the seed only picks the random subsets of the random-mask pooling (and random
+    # features); with one they make a torch.Generator on the model's device.
+    return partial(MILNet, features, method=method, seed=None, **options)
+
+
+_RANDOM_MASK_NOTE = (
+    "Random-mask pooling draws how many keys each query keeps at run time (an integer the meta "
+    "device cannot give), so its jobs are measured on the CPU with real tensors (small models)."
+)
+
+
+def _mil_device(method: str) -> dict[str, Any]:
+    """``measure_on`` (and a note) for a MIL pooling method."""
+    if method.startswith("random-mask"):
+        return {"measure_on": "cpu"}
+    return {}
+
+
+def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
+    """Every trial of the random search of ``mil-benchmark`` (data sets × methods × seeds × folds ×
+    trials, the draws of :func:`~hopfield.experiments.mil_benchmark.sample_trials`), grouped by
+    (data set, method, width, heads, batch size); fold sizes from
+    :func:`~hopfield.experiments.mil_benchmark.split_folds` on the data sets' label counts."""
+    import numpy as np
+
+    from hopfield.data.mil import MIL_DATASETS
+    from hopfield.experiments.mil_benchmark import sample_trials, split_folds
+
+    dropout = max(config.dropouts)
+    jobs = []
+    for dataset in config.datasets:
+        if dataset not in MIL_SHAPES:
+            raise ValueError(f"no known shape for MIL data set {dataset!r}")
+        features, bag, positive, negative = MIL_SHAPES[dataset]
+        labels = np.array([1] * positive + [0] * negative)
+        combos: dict[tuple[int, int, int], list[int]] = {}  # (width, heads, batch) -> steps
+        for seed in range(config.seeds):
+            folds = split_folds(labels, config, seed)
+            for fold, (train, _, _) in enumerate(folds):
+                for trial in sample_trials(config, seed, fold):
+                    key = (trial["width"], trial["heads"], trial["batch_size"])
+                    steps = config.epochs * math.ceil(len(train) / trial["batch_size"])
+                    combos.setdefault(key, []).append(steps)
+        note = (
+            f"mil-benchmark {dataset}: {positive + negative} bags ({features} features), "
+            f"{config.folds}-fold CV with a {config.valid_fraction:.0%} validation split, "
+            f"{config.trials} trials per fold; bags padded to the largest bag ({bag} instances, an "
+            f"upper bound); measured with dropout {dropout} (the largest of the search space)."
+        )
+        for method in config.methods:
+            for (width, heads, batch), steps in sorted(combos.items()):
+                options = {
+                    "embedding_size": width,
+                    "num_heads": heads,
+                    "quantity": config.quantity,
+                    "dropout": dropout,
+                }
+                jobs.append(
+                    TrainingJob(
+                        name=f"{dataset} {method} width {width} heads {heads} batch {batch}",
+                        build_model=_on(_mil_net(features, method, **options)),
+                        make_batch=_bag_batch(bag, features),
+                        loss=_bag_loss,
+                        global_batch=batch,
+                        optimizer_steps=max(steps),
+                        runs=len(steps),
+                        total_steps=sum(steps),
+                        tokens_per_example=bag,
+                        data=(DataNeed.of(MIL_DATASETS[dataset]),),
+                        group=dataset,
+                        notes=(note, _RANDOM_MASK_NOTE) if _mil_device(method) else (note,),
+                        cache_key=("mil", dataset, method, width, heads),
+                        **_mil_device(method),
+                    )
+                )
+    return jobs
+
+
+def mil_bit_pattern_jobs(config: Any) -> list[TrainingJob]:
+    """Every (bag size, method) of ``mil-bit-pattern``; runs = seeds."""
+    per_epoch = math.ceil(config.train_bags / config.batch_size)
+    options = {
+        "embedding_size": config.embedding_size,
+        "num_heads": config.num_heads,
+        "quantity": config.quantity,
+        "scale": config.scale,
+    }
+    return [
+        TrainingJob(
+            name=f"bag {size} {method}",
+            build_model=_on(_mil_net(config.num_bits, method, **options)),
+            make_batch=_bag_batch(size, config.num_bits),
+            loss=_bag_loss,
+            global_batch=config.batch_size,
+            optimizer_steps=config.epochs * per_epoch,
+            runs=config.seeds,
+            tokens_per_example=size,
+            group=f"bag size {size}",
+            notes=(
+                f"mil-bit-pattern: {config.train_bags:,} generated training bags, {per_epoch} steps "
+                f"per epoch, {config.epochs} epochs.",
+                *((_RANDOM_MASK_NOTE,) if _mil_device(method) else ()),
+            ),
+            **_mil_device(method),
+        )
+        for size in config.bag_sizes
+        for method in config.methods
+    ]
+
+
+def mil_mnist_bags_jobs(config: Any) -> list[TrainingJob]:
+    """Every (bag size, method) of ``mil-mnist-bags``; runs = seeds."""
+    from hopfield.data.images import image_files
+
+    features = 784 if config.source == "mnist" else 64
+    bags = 2 * config.train_pairs
+    per_epoch = math.ceil(bags / config.batch_size)
+    data = (
+        tuple(DataNeed.of(f) for f in image_files("mnist", "test"))
+        if config.source == "mnist"
+        else ()
+    )
+    jobs = []
+    for size in config.bag_sizes:
+        quantity = config.large_bag_quantity if size >= config.large_bag_size else config.quantity
+        options = {
+            "embedding_size": config.embedding_size,
+            "num_heads": config.num_heads,
+            "head_size": config.head_size,
+            "quantity": quantity,
+            "scale": config.scale,
+            "dropout": config.dropout,
+            "attention_dropout": config.attention_dropout,
+        }
+        for method in config.methods:
+            jobs.append(
+                TrainingJob(
+                    name=f"bag {size} {method}",
+                    build_model=_on(_mil_net(features, method, **options)),
+                    make_batch=_bag_batch(size, features),
+                    loss=_bag_loss,
+                    global_batch=config.batch_size,
+                    optimizer_steps=config.epochs * per_epoch,
+                    runs=config.seeds,
+                    tokens_per_example=size,
+                    data=data,
+                    group=f"bag size {size}",
+                    notes=(
+                        f"mil-mnist-bags: {bags:,} training bags ({config.train_pairs:,} pairs), "
+                        f"{per_epoch} steps per epoch, {config.epochs} epochs.",
+                        *((_RANDOM_MASK_NOTE,) if _mil_device(method) else ()),
+                    ),
+                    **_mil_device(method),
+                )
+            )
+    return jobs
+
+
+# --- Hyper-SET ----------------------------------------------------------------------------------
+
+#: Exact counts of spec hyperset.md §4.5 behind the paper's rounded numbers (CIFAR-10 / -100).
+HYPERSET_IMAGE_COUNTS: dict[tuple[str, str], tuple[int, str]] = {
+    ("cifar10", "hyperset"): (962_218, "0.96M"),
+    ("cifar10", "hyperset-scaleup"): (1_610_538, "1.61M"),
+    ("cifar10", "transformer"): (1_794_826, "1.79M"),
+    ("cifar10", "crate"): (468_106, "0.47M"),
+    ("cifar10", "crate-t"): (320_266, "0.32M"),
+    ("cifar100", "hyperset-scaleup"): (1_656_708, "1.66M"),
+    ("cifar100", "transformer"): (1_829_476, "1.83M"),
+}
+_IMAGE_ARCH = ("grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_heads",
+               "iterations", "time_frequency")  # fmt: skip
+
+
+def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
+    """Every model of ``hyperset-images`` (main models, Table 3 variants, Fig. 4 layer splits,
+    Table 4 LoRA ranks); one run each."""
+    from hopfield.experiments.hyperset_images import PRESETS, _model_names, build
+    from hopfield.nn.hyperset import count_parameters
+
+    channels, side, classes, counts = _image_shape(config.dataset)
+    if config.split_test_for_train:
+        images = counts["test"] - config.holdout
+        data = _image_needs(config.dataset, ("test",))
+    else:
+        images = counts["train"]
+        data = _image_needs(config.dataset)
+    if config.train_size:
+        images = min(images, config.train_size)
+    per_epoch = math.ceil(images / config.batch_size)
+    paper_arch = _same_fields(config, PRESETS["paper"], _IMAGE_ARCH)
+    note = (
+        f"hyperset-images {config.dataset}: {images:,} training images, {per_epoch} steps per "
+        f"epoch (the last batch smaller), {config.epochs} epochs; {config.iterations} iterations "
+        "of one shared layer."
+    )
+
+    def loss(model: nn.Module, batch: Batch) -> Tensor:
+        images, labels = batch
+        return F.cross_entropy(model(images), labels, label_smoothing=config.label_smoothing)
+
+    jobs = []
+    for name in _model_names(config):
+        count, label = (
+            HYPERSET_IMAGE_COUNTS.get((config.dataset, name), (None, ""))
+            if paper_arch
+            else (None, "")
+        )
+        jobs.append(
+            TrainingJob(
+                name=name,
+                build_model=_on(partial(build, config, name, side, channels, classes)),
+                make_batch=_image_batch(channels, side, classes),
+                loss=loss,
+                global_batch=config.batch_size,
+                optimizer_steps=config.epochs * per_epoch,
+                tokens_per_example=config.grid**2 + 1,
+                data=data,
+                count_parameters=count_parameters,
+                notes=(note,),
+                paper_parameters=count,
+                paper_label=label,
+            )
+        )
+    return jobs
+
+
+#: Training puzzles of the RRN "sudoku-hard" train split (Palm et al., 2018).
+RRN_TRAIN_PUZZLES = 180_000
+
+
+def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
+    """Every model of ``hyperset-sudoku`` (Hyper-SET, Transformer, ablations); one run each."""
+    from hopfield.data.sudoku import RRN_FILES, SATNET_FILES
+    from hopfield.experiments.hyperset_sudoku import PAPER_PARAMS, PRESETS, blank_loss, build
+    from hopfield.nn.hyperset import count_parameters
+
+    puzzles = config.train_size
+    data: tuple[DataNeed, ...] = ()
+    if config.dataset == "rrn-hard":
+        puzzles = min(puzzles, RRN_TRAIN_PUZZLES)
+        data = (DataNeed.of(RRN_FILES["train"]), DataNeed.of(RRN_FILES["test"]))
+    elif config.dataset == "satnet":
+        data = tuple(DataNeed.of(f) for f in SATNET_FILES.values())
+    per_epoch = math.ceil(puzzles / config.batch_size)
+    paper_arch = _same_fields(
+        config, PRESETS["paper"], ("d_model", "num_heads", "ff_ratio", "time_frequency")
+    )
+    labels = {"hyperset": "5.20M", "transformer": "7.16M"}
+    note = (
+        f"hyperset-sudoku {config.dataset}: {puzzles:,} training puzzles, {per_epoch} steps per "
+        f"epoch (the last batch smaller), {config.epochs} epochs; {config.iterations} iterations "
+        "of one shared layer."
+    )
+
+    def make_batch(n: int, device: torch.device) -> Batch:
+        return (
+            torch.randint(10, (n, 81), device=device),
+            torch.randint(1, 10, (n, 81), device=device),
+        )
+
+    def loss(model: nn.Module, batch: Batch) -> Tensor:
+        puzzles, solutions = batch
+        return blank_loss(model(puzzles), puzzles, solutions)
+
+    jobs = []
+    for name in (*config.models, *config.ablations):
+        count = PAPER_PARAMS.get(name) if paper_arch else None
+        label = labels.get(name, "") if count is not None else ""
+        jobs.append(
+            TrainingJob(
+                name=name,
+                build_model=_on(partial(build, config, name)),
+                make_batch=make_batch,
+                loss=loss,
+                global_batch=config.batch_size,
+                optimizer_steps=config.epochs * per_epoch,
+                tokens_per_example=81,
+                data=data,
+                count_parameters=count_parameters,
+                notes=(note,),
+                paper_parameters=count,
+                paper_label=label,
+            )
+        )
+    return jobs
+
+
+#: Training images of ImageNet-100 (the 100-class subset of CMC, Tian et al. 2020).
+IMAGENET100_TRAIN_IMAGES = 126_689
+#: Mean masking ratio of U[0, 0.4].
+MEAN_MASK_RATIO = 0.2
+
+
+def hyperset_mim_jobs(config: Any) -> list[TrainingJob]:
+    """Every model of ``hyperset-mim``; one run each."""
+    from hopfield.data.images import DIGITS_TRAIN_SIZE
+    from hopfield.experiments.hyperset_mim import build
+    from hopfield.nn.hyperset import count_parameters
+
+    paper = config.dataset == "imagenet100"
+    images = IMAGENET100_TRAIN_IMAGES if paper else _image_shape(config.dataset)[3]["train"]
+    if config.dataset == "digits":
+        images = DIGITS_TRAIN_SIZE
+    per_epoch = math.ceil(images / config.batch_size)
+    tokens = config.grid**2
+    masked = max(1, round(MEAN_MASK_RATIO * config.max_mask_ratio / 0.4 * tokens))
+    data: tuple[DataNeed, ...] = ()
+    notes = [
+        f"hyperset-mim {config.dataset}: {images:,} training images, {per_epoch} steps per epoch, "
+        f"{config.epochs} epochs; the loss over {masked} masked tokens of {tokens} (the mean "
+        "masking ratio)."
+    ]
+    if paper:
+        data = (
+            DataNeed(
+                "ImageNet-100 and the MaskGIT VQGAN tokenizer",
+                note="the experiment has no pipeline for them: its paper preset stops with "
+                "DataNotFoundError; priced as specified",
+            ),
+        )
+        notes.append(
+            "hyperset-mim: ImageNet-100 assumed to hold 126,689 training images (CMC subset); "
+            "the paper's Transformer has 8.85M parameters against 8,654,848 here (unresolved, "
+            "spec hyperset.md §4.5)."
+        )
+    counts = {"hyperset": (3_937_856, "3.94M"), "hyperset-2x-8d": (8_072_000, "8.07M")}
+
+    def make_batch(n: int, device: torch.device) -> Batch:
+        return torch.randint(config.codebook_size, (n, tokens), device=device)
+
+    def loss(model: nn.Module, codes: Tensor) -> Tensor:
+        # masked_token_loss(logits, codes, mask) with the first `masked` positions masked: the
+        # same cross-entropy over as many tokens, without boolean indexing (shape-dependent).
+        logits = model(codes)
+        return F.cross_entropy(
+            logits[:, :masked].reshape(-1, logits.shape[-1]), codes[:, :masked].reshape(-1)
+        )
+
+    jobs = []
+    for name in config.models:
+        count, label = (
+            counts.get(name, (None, "")) if paper and config.d_model == 768 else (None, "")
+        )
+        jobs.append(
+            TrainingJob(
+                name=name,
+                build_model=_on(partial(build, config, name)),
+                make_batch=make_batch,
+                loss=loss,
+                global_batch=config.batch_size,
+                optimizer_steps=config.epochs * per_epoch,
+                tokens_per_example=tokens,
+                data=data,
+                count_parameters=count_parameters,
+                notes=tuple(notes),
+                paper_parameters=count,
+                paper_label=label,
+            )
+        )
+    return jobs
+
+
+# --- the tables ---------------------------------------------------------------------------------
+
+JOBS: dict[str, Callable[[Any], list[TrainingJob]]] = {
+    "convergence": convergence_jobs,
+    "hyperset-images": hyperset_images_jobs,
+    "hyperset-mim": hyperset_mim_jobs,
+    "hyperset-sudoku": hyperset_sudoku_jobs,
+    "mil-benchmark": mil_benchmark_jobs,
+    "mil-bit-pattern": mil_bit_pattern_jobs,
+    "mil-mnist-bags": mil_mnist_bags_jobs,
+    "outlier-formation": outlier_formation_jobs,
+    "outliers": outliers_jobs,
+    "outliers-bert": outliers_jobs,
+    "outliers-opt": outliers_jobs,
+    "outliers-vit": outliers_jobs,
+    "stanhop-outliers": stanhop_outliers_jobs,
+    "timeseries-hopfield": timeseries_hopfield_jobs,
+}
+"""Experiment name -> ``jobs(config) -> list[TrainingJob]``."""
+
+NOT_TRAINED: dict[str, str] = {
+    "efficiency": "it times forward passes and measures the peak memory and FLOPs of the dense, "
+    "sparse, top-K, random, window, linear and random-feature Hopfield models as the memory "
+    "grows (generated data; seconds to minutes on one device)",
+    "memory-capacity": "static Hopfield memories (stored patterns, no learned weights) retrieve "
+    "image patterns; it measures retrieval success against the number of stored patterns",
+    "noise-robustness": "static Hopfield memories retrieve image patterns from queries with "
+    "Gaussian noise; it measures retrieval success against the noise level",
+    "retrieval-demo": "scikit-learn digits are stored in a static Hopfield memory and retrieved "
+    "from half-masked and noisy queries with Softmax, Softmax_1 and Sparsemax",
+    "theory": "numeric checks of the OutEffHop and nonparametric Hopfield statements (energies, "
+    "fixed points, bounds, Jacobians) on generated patterns, pass or fail with margins",
+}
+"""Experiment name -> what it computes instead of training."""
+
+
+def jobs_of(name: str, config: Any) -> list[TrainingJob]:
+    """The training jobs of experiment ``name`` under ``config`` (a preset's configuration).
+
+    Raises:
+        ValueError: ``name`` has no entry in :data:`JOBS`.
+    """
+    if name not in JOBS:
+        raise ValueError(
+            f"no plan for experiment {name!r}: hopfield.experiments.plans.JOBS has "
+            f"{', '.join(sorted(JOBS))}; NOT_TRAINED has {', '.join(sorted(NOT_TRAINED))}"
+        )
+    jobs = JOBS[name](config)
+    if not jobs:
+        raise ValueError(f"{name}: the configuration trains no model")
+    return jobs
+
+
+def untrained_data(name: str, config: Any) -> list[DataNeed]:
+    """Datasets a non-training experiment reads under ``config``."""
+    if name in ("memory-capacity", "noise-robustness"):
+        return [
+            DataNeed(n.label, file=n.file, note="optional: skipped when absent" if i else "")
+            for i, dataset in enumerate(config.datasets)
+            for n in _image_needs(dataset, (config.split,))
+        ]
+    return []
