@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import reproduce, run_experiment
@@ -81,7 +82,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="render a Markdown report of a results folder")
     report.add_argument("dir", type=Path)
+    _add_plan_parser(sub)
     return parser
+
+
+def _add_plan_parser(sub: Any) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="price a preset without training: parameters, FLOPs, memory, GPU-hours, data",
+        description="Build every model a preset trains on the meta device and print its "
+        "parameters, FLOPs per step and in total, activation memory per device, GPU-hours on "
+        "8 x A100 / H100 and the dataset files it needs.",
+    )
+    plan.add_argument("name", nargs="?", help="experiment (see `hopfield list`)")
+    plan.add_argument(
+        "--all",
+        action="store_true",
+        help="every registered experiment (minutes: stanhop-outliers alone builds 120 models "
+        "of 35M parameters)",
+    )
+    plan.add_argument("--preset", default="paper", help="preset to price (default: paper)")
+    plan.add_argument(
+        "--mfu", type=float, default=0.4, help="model-FLOPs utilisation in (0, 1] (default 0.4)"
+    )
+    plan.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    plan.add_argument("--jobs", action="store_true", help="one row per job, not per group")
+
+
+def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    import json
+    import shlex
+
+    from hopfield.plan import plan, plan_to_dict, render_markdown
+
+    if args.all == (args.name is not None):
+        raise SystemExit("plan: give an experiment name or --all (not both)")
+    names = [e.name for e in all_experiments()] if args.all else [args.name]
+
+    def progress(job: str) -> None:
+        if sys.stderr.isatty():
+            print(f"\033[2K\rpricing {job}", end="", file=sys.stderr, flush=True)
+
+    try:
+        results = [
+            plan(n, args.preset, mfu=args.mfu, data_dir=args.data_dir, progress=progress)
+            for n in names
+        ]
+    except ValueError as error:
+        raise SystemExit(f"plan: {error}") from None
+    if sys.stderr.isatty():
+        print("\033[2K\r", end="", file=sys.stderr, flush=True)
+    if args.json:
+        dicts = [plan_to_dict(r) for r in results]
+        print(json.dumps(dicts if args.all else dicts[0], indent=1))
+    else:
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = "hopfield " + " ".join(shlex.quote(w) for w in words)
+        print(render_markdown(results, per_job=args.jobs, command=command), end="")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         print(build_report(args.dir))
         return 0
+    if args.command == "plan":
+        return _plan_command(args, argv)
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command
 
 
