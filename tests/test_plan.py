@@ -1,0 +1,318 @@
+"""``hopfield plan``: pricing presets on the meta device (hopfield.plan, hopfield.experiments.plans)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from hopfield.cli import main
+from hopfield.experiments import registry
+from hopfield.experiments.plans import JOBS, NOT_TRAINED, jobs_of
+from hopfield.plan import (
+    GPUS,
+    GPUS_PER_NODE,
+    STATE_BYTES_PER_PARAMETER,
+    TrainingJob,
+    estimate,
+    gpu_hours,
+    measure_step,
+    micro_batch_of,
+    plan,
+    plan_to_dict,
+    render_markdown,
+)
+
+META = torch.device("meta")
+
+
+def _stack(a: int, b: int, c: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c))
+
+
+def _sum_loss(model: nn.Module, x: Tensor) -> Tensor:
+    return model(x).sum()
+
+
+# --- coverage -----------------------------------------------------------------------------------
+
+
+def test_every_registered_experiment_has_a_plan() -> None:
+    names = [e.name for e in registry.all_experiments()]
+    uncovered = [n for n in names if n not in JOBS and n not in NOT_TRAINED]
+    assert not uncovered, f"no plan for {uncovered}"
+    assert not set(JOBS) & set(NOT_TRAINED)
+    assert set(JOBS) | set(NOT_TRAINED) <= set(names)  # no stale entries
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_paper_jobs_are_well_formed(name: str) -> None:
+    jobs = jobs_of(name, registry.get(name).config("paper"))
+    assert jobs
+    for job in jobs:
+        micro, _ = micro_batch_of(job)
+        assert 1 <= micro <= job.global_batch
+        assert job.optimizer_steps >= 1 and job.runs >= 1
+        assert job.notes, f"{job.name}: the assumptions behind the numbers must be stated"
+
+
+def test_run_counts_follow_the_presets() -> None:
+    def runs(name: str) -> int:
+        return sum(j.runs for j in jobs_of(name, registry.get(name).config("paper")))
+
+    assert runs("outliers") == 3 * 6  # BERT, OPT, ViT x six variants x one seed
+    assert runs("outliers-bert") == 6
+    assert runs("convergence") == 3 * 3 * 3  # datasets x models x seeds
+    assert runs("stanhop-outliers") == 15 * 8 * 10  # settings x associations x seeds
+    assert runs("timeseries-hopfield") == 3 * 4 * 9 * 5
+    assert runs("mil-benchmark") == 4 * 8 * 5 * 10 * 50  # data x methods x seeds x folds x trials
+    assert runs("mil-mnist-bags") == 7 * 9 * 10
+    assert runs("hyperset-sudoku") == 4  # Hyper-SET, Transformer, two fixed step sizes
+    # outlier-formation, upper bound: 16 + 11 search points, 6 variants x 3 seeds
+    assert runs("outlier-formation") == 16 + 11 + 18
+
+
+def test_epoch_based_steps() -> None:
+    conv = {j.name: j for j in jobs_of("convergence", registry.get("convergence").config("paper"))}
+    assert conv["cifar10 dense"].optimizer_steps == 100 * (50_000 // 512)
+    assert conv["fashion-mnist sparse"].optimizer_steps == 100 * (60_000 // 512)
+    (vit,) = [j for j in jobs_of("outliers-vit", registry.get("outliers-vit").config("paper"))][:1]
+    assert (
+        vit.optimizer_steps == 37_500 and vit.global_batch == 5120 and vit.micro_batch_size == 128
+    )
+    assert vit.tokens_per_example == 14 * 14 + 1
+    stanhop = jobs_of("stanhop-outliers", registry.get("stanhop-outliers").config("paper"))[0]
+    # ETTh1, T 168 -> 24: 12 months of 30 days of training rows, windows of 192 rows, batch 128
+    assert stanhop.optimizer_steps == 100 * math.ceil((8640 - 168 - 24 + 1) / 128)
+    mil = jobs_of("mil-benchmark", registry.get("mil-benchmark").config("paper"))
+    elephant = [j for j in mil if j.group == "elephant"]
+    assert sum(j.runs for j in elephant) == 8 * 5 * 10 * 50
+    assert all(
+        j.total_steps is not None and j.total_steps <= j.optimizer_steps * j.runs for j in mil
+    )
+
+
+# --- parameter counts ---------------------------------------------------------------------------
+
+
+def _counted(job: TrainingJob) -> int:
+    model = job.build_model(META)
+    return (
+        job.count_parameters(model)
+        if job.count_parameters
+        else sum(p.numel() for p in model.parameters())
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "variant", "expected"),
+    [
+        ("bert", "softmax", 108_891_648),
+        ("bert", "gated_softmax1", 108_891_648 + 152_208),
+        ("opt", "softmax1", 124_059_648),
+        ("opt", "gated", 124_059_648 + 9_360),
+        ("vit", "clipped", 22_050_664),
+        ("vit", "gated_softmax1", 22_050_664 + 4_680),
+    ],
+)
+def test_outlier_models_have_the_paper_counts(family: str, variant: str, expected: int) -> None:
+    jobs = jobs_of(f"outliers-{family}", registry.get(f"outliers-{family}").config("paper"))
+    (job,) = [j for j in jobs if j.name == f"{family} {variant}"]
+    assert job.paper_parameters == expected
+    assert _counted(job) == expected
+
+
+def test_stanhop_and_hyperset_counts() -> None:
+    stanhop = jobs_of("stanhop-outliers", registry.get("stanhop-outliers").config("paper"))
+    table1 = {j.name.split()[-1]: j for j in stanhop if j.group == "ETTh1 T168→24"}
+    assert _counted(table1["dense"]) == table1["dense"].paper_parameters == 35_128_648  # 35.13m
+    assert _counted(table1["gated"]) == table1["gated"].paper_parameters == 35_149_708  # 35.15m
+    expected = {
+        ("hyperset-images", "hyperset"): 962_218,
+        ("hyperset-images", "hyperset-scaleup"): 1_610_538,
+        ("hyperset-images", "transformer"): 1_794_826,
+        ("hyperset-sudoku", "hyperset"): 5_195_584,
+        ("hyperset-sudoku", "transformer"): 7_156_992,
+        ("hyperset-mim", "hyperset"): 3_937_856,
+        ("hyperset-mim", "hyperset-2x-8d"): 8_072_000,
+    }
+    for (name, model), count in expected.items():
+        (job,) = [j for j in jobs_of(name, registry.get(name).config("paper")) if j.name == model]
+        assert job.paper_parameters == count
+        assert _counted(job) == count, (name, model)
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def test_flops_of_a_linear_stack_are_six_n_params() -> None:
+    n, a, b, c = 8, 16, 32, 4
+    model = _stack(a, b, c).to(META)
+    x = torch.randn(n, a, device=META, requires_grad=True)
+    # 2·n·(in·out) per forward product; backward twice that (input and weight gradients)
+    assert measure_step(model, x, _sum_loss).flops == 6 * n * (a * b + b * c)
+    # an input that needs no gradient: the first layer's input gradient is not computed
+    x = torch.randn(n, a, device=META)
+    assert measure_step(model, x, _sum_loss).flops == 4 * n * a * b + 6 * n * b * c
+
+
+def test_activation_bytes_of_a_linear_stack() -> None:
+    n, a, b, c = 8, 16, 32, 4
+    model = _stack(a, b, c).to(META)
+    x = torch.randn(n, a, device=META)
+    # saved: the input (weight gradient of layer 1) and the ReLU output, which ReLU's backward
+    # and layer 2's weight gradient share (one storage); weights are not activations
+    measured = measure_step(model, x, _sum_loss)
+    assert measured.activation_bytes == 4 * n * (a + b)
+    half = measure_step(model.to(torch.float16), x.half(), _sum_loss)
+    assert half.activation_bytes == 2 * n * (a + b)
+
+
+def test_measurement_is_the_same_on_cpu_and_meta() -> None:
+    torch.manual_seed(0)
+    model = _stack(6, 10, 3)
+    x = torch.randn(5, 6)
+    on_cpu = measure_step(model, x, _sum_loss)
+    on_meta = measure_step(model.to(META), x.to(META), _sum_loss)
+    assert on_cpu == on_meta
+
+
+def test_validity_checks_pass_on_meta_but_data_dependent_shapes_raise() -> None:
+    class Checked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            if bool((x > 1e9).any()):  # a validity check: assumed to pass
+                raise ValueError("too large")
+            return self.linear(x)
+
+    model = Checked().to(META)
+    assert measure_step(model, torch.randn(2, 4, device=META), _sum_loss).flops == 4 * 2 * 16
+
+    class Shaped(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return x[: int(x.argmax())]
+
+    with pytest.raises(RuntimeError, match="data"):
+        measure_step(Shaped(), torch.randn(3, device=META, requires_grad=True), _sum_loss)
+
+
+# --- arithmetic ---------------------------------------------------------------------------------
+
+
+def _linear_job(**changes: Any) -> TrainingJob:
+    settings: dict[str, Any] = dict(
+        name="stack",
+        build_model=lambda device: _stack(16, 32, 4).to(device),
+        make_batch=lambda n, device: torch.randn(n, 16, device=device),
+        loss=_sum_loss,
+        global_batch=64,
+        optimizer_steps=1000,
+        runs=3,
+        tokens_per_example=5,
+        notes=("test",),
+    )
+    settings.update(changes)
+    return TrainingJob(**settings)
+
+
+def test_gpu_hour_arithmetic() -> None:
+    assert gpu_hours(312e12 * 0.4 * 3600, 312e12, 0.4) == pytest.approx(1.0)
+    assert gpu_hours(989e12 * 3600, 989e12, 1.0) == pytest.approx(1.0)
+    job = _linear_job()
+    priced = estimate(job, mfu=0.5)
+    micro = 64 // GPUS_PER_NODE
+    assert priced.micro_batch == micro and priced.micro_batch_source.startswith("global batch")
+    per_micro = 4 * micro * 16 * 32 + 6 * micro * 32 * 4
+    assert priced.flops_per_micro_batch == per_micro
+    assert priced.flops_per_step == per_micro * 64 // micro
+    assert priced.flops_total == priced.flops_per_step * 1000 * 3
+    assert priced.examples_per_step == 64 and priced.tokens_per_step == 64 * 5
+    params = 16 * 32 + 32 + 32 * 4 + 4
+    assert priced.parameters == params
+    assert priced.state_bytes == STATE_BYTES_PER_PARAMETER * params
+    assert priced.activation_bytes == 4 * micro * (16 + 32)
+    for gpu in priced.gpus:
+        hours = priced.flops_total / (GPUS[gpu.gpu] * 0.5) / 3600
+        assert gpu.gpu_hours == pytest.approx(hours)
+        assert gpu.wall_hours == pytest.approx(hours / GPUS_PER_NODE)
+    explicit = estimate(_linear_job(micro_batch_size=16, total_steps=2500))
+    assert explicit.micro_batch == 16 and explicit.micro_batch_source == "preset micro_batch_size"
+    assert explicit.flops_total == explicit.flops_per_step * 2500
+    assert explicit.flops_per_step == priced.flops_per_step  # linear in the batch
+
+
+# --- bad arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mfu", [0, -0.1, 1.5, math.nan, True, "0.4"])
+def test_bad_mfu(mfu: Any) -> None:
+    with pytest.raises(ValueError, match="mfu"):
+        plan("theory", mfu=mfu)
+    with pytest.raises(ValueError, match="mfu"):
+        gpu_hours(1.0, 312e12, mfu)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown experiment"):
+        plan("no-such-experiment")
+    with pytest.raises(ValueError, match="preset"):
+        plan("convergence", "huge")
+    with pytest.raises(ValueError, match="no plan"):
+        jobs_of("no-such-experiment", None)
+    with pytest.raises(ValueError, match="global_batch"):
+        _linear_job(global_batch=0)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        _linear_job(micro_batch_size=128)
+    with pytest.raises(ValueError, match="measure_on"):
+        _linear_job(measure_on="cuda")
+    with pytest.raises(ValueError, match="flops"):
+        gpu_hours(-1.0, 312e12)
+    with pytest.raises(ValueError, match="results"):
+        render_markdown([])
+
+
+# --- whole presets and the command line ---------------------------------------------------------
+
+
+def test_plan_of_a_paper_preset() -> None:
+    result = plan("hyperset-images", "paper", mfu=0.4, data_dir="/nonexistent")
+    assert result.trains and result.runs == 3
+    assert all(j.parameters_match for j in result.jobs)
+    assert result.flops_total == pytest.approx(sum(j.flops_total for j in result.jobs))
+    hours = result.gpu_hours()
+    assert hours["A100"] == pytest.approx(result.flops_total / (312e12 * 0.4) / 3600)
+    assert all(status == "absent" for _, status, _ in result.data)  # CIFAR-10 files
+    text = render_markdown([result])
+    assert "hyperset-scaleup" in text and "0.96M ✓" in text
+    json.dumps(plan_to_dict(result))
+
+
+def test_non_training_experiments_say_so() -> None:
+    for name in NOT_TRAINED:
+        result = plan(name)
+        assert not result.trains and not result.jobs and result.flops_total == 0
+        assert "No gradient training" in render_markdown([result])
+
+
+def test_cli_prints_markdown_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "mil-bit-pattern", "--mfu", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Generated by `hopfield plan mil-bit-pattern --mfu 0.5`")
+    assert "| bag size 16 |" in out and "utilisation 0.5" in out
+    assert main(["plan", "mil-bit-pattern", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["experiment"] == "mil-bit-pattern" and data["runs"] == 2 * 7 * 5
+    assert len(data["jobs"]) == 14 and data["flops_total"] > 0
+    assert set(data["gpu_hours"]) == set(GPUS)
+    assert main(["plan", "retrieval-demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trains"] is False
+    for argv in (["plan"], ["plan", "theory", "--all"], ["plan", "theory", "--mfu", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
