@@ -473,6 +473,7 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
                     global_batch=batch,
                     optimizer_steps=config.epochs * per_epoch,
                     runs=config.seeds,
+                    tokens_per_example=in_len,
                     data=_series_needs(dataset),
                     count_parameters=_stanhop_counted,
                     group=f"{dataset} T{in_len}→{horizon}",
