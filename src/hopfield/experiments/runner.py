@@ -134,9 +134,12 @@ def distributed_state() -> Any:
     :class:`accelerate.PartialState` and return it; ``None`` for a single process."""
     if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
         return None
+    import torch
     from accelerate import PartialState
 
-    return PartialState()
+    # without ``cpu=True`` accelerate on a machine with no GPU keeps every rank a
+    # process of its own (no process group), and they all act as the main process
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def reproduce(
