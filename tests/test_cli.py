@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from hopfield.experiments import (
     register,
     run_experiment,
 )
+from hopfield.experiments.registry import unregister
 from hopfield.experiments.results import mean_std
 from hopfield.experiments.runner import apply_overrides
 from hopfield.report import build_report
@@ -116,12 +119,22 @@ def _resumable(config: _Config, ctx: RunContext) -> Results:
     return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
 
 
-def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    register(
-        Experiment(
-            "test-resume", "test", {p: _Config() for p in ("tiny", "small", "paper")}, _resumable
-        )
-    )
+@pytest.fixture
+def registered() -> Iterator[Callable[[str, Callable[[_Config, RunContext], Results]], None]]:
+    """Registers test experiments for one test (other tests see only the real ones)."""
+    names: list[str] = []
+
+    def add(name: str, run: Callable[[_Config, RunContext], Results]) -> None:
+        register(Experiment(name, "test", {p: _Config() for p in ("tiny", "small", "paper")}, run))
+        names.append(name)
+
+    yield add
+    for name in names:
+        unregister(name)
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, registered: Any) -> None:
+    registered("test-resume", _resumable)
     with pytest.raises(KeyboardInterrupt):
         run_experiment("test-resume", "tiny", tmp_path, progress=False)
     path = run_experiment("test-resume", "tiny", tmp_path, progress=False)
@@ -162,17 +175,10 @@ def _needs_data(config: _Config, ctx: RunContext) -> Results:
     raise AssertionError(f"unreachable: {tmp_root}")
 
 
-def test_reproduce_skips_experiments_whose_data_is_absent(tmp_path: Path) -> None:
+def test_reproduce_skips_experiments_whose_data_is_absent(tmp_path: Path, registered: Any) -> None:
     from hopfield.experiments import reproduce
 
-    register(
-        Experiment(
-            "test-needs-data",
-            "test",
-            {p: _Config() for p in ("tiny", "small", "paper")},
-            _needs_data,
-        )
-    )
+    registered("test-needs-data", _needs_data)
     paths, skipped = reproduce(
         "tiny", tmp_path, progress=False, only=["test-needs-data", "retrieval-demo"]
     )

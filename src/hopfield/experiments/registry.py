@@ -64,6 +64,14 @@ def register(experiment: Experiment) -> Experiment:
     return experiment
 
 
+def unregister(name: str) -> Experiment:
+    """Remove the experiment called ``name`` from the registry and return it (for experiments
+    registered for a while, as tests and notebooks do)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"no experiment named {name!r} is registered")
+    return _REGISTRY.pop(name)
+
+
 def discover() -> None:
     """Import every module of :mod:`hopfield.experiments` so that each registers itself."""
     import hopfield.experiments as package
