@@ -554,8 +554,12 @@ class Trainer:
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=config.find_unused_parameters
             )
+            # several processes without a GPU form a gloo group only with accelerate's CPU flag
+            several_cpus = process_layout()[1] > 1 and not torch.cuda.is_available()
             accelerator = Accelerator(
-                mixed_precision=config.mixed_precision, cpu=config.cpu, kwargs_handlers=[ddp]
+                mixed_precision=config.mixed_precision,
+                cpu=config.cpu or several_cpus,
+                kwargs_handlers=[ddp],
             )
         self.accelerator = accelerator
         self.config = config
