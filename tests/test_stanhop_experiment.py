@@ -1,9 +1,11 @@
-"""``stanhop-outliers``: tiny run (MSE, outliers, W8A8), the top-two count, paper numbers."""
+"""``stanhop-outliers``: tiny run (MSE, outliers, W8A8) and its resume, the top-two count, paper
+numbers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.stanhop_outliers import (
@@ -55,3 +57,18 @@ def test_tiny_run(tmp_path: Path) -> None:
     assert count["rows"][1][1:] == [25, 30]
     runs = json.loads((path.parent / "runs.json").read_text())
     assert set(runs["synthetic|8|gsh|0"]["alphas"].values()) != set()
+    assert all(r["finished"] and r["steps"] == 2 and r["history"] for r in runs.values())
+    assert not list(path.parent.rglob("checkpoints"))
+
+
+def test_a_stopped_run_resumes(tmp_path: Path) -> None:
+    options: dict[str, Any] = {"overrides": {"models": '["outeffhop"]'}, "progress": False}
+    full = run_experiment("stanhop-outliers", "tiny", tmp_path / "full", **options)
+    cut = run_experiment("stanhop-outliers", "tiny", tmp_path / "cut", stop_after=1, **options)
+    (record,) = json.loads((cut.parent / "runs.json").read_text()).values()
+    assert (record["steps"], record["finished"], record["stop_after"]) == (1, False, 1)
+    resumed = run_experiment("stanhop-outliers", "tiny", tmp_path / "cut", **options)
+    (record,) = json.loads((resumed.parent / "runs.json").read_text()).values()
+    assert (record["resumed_from"], record["finished"]) == (1, True)
+    metrics = json.loads(full.read_text())["results"]["metrics"]
+    assert json.loads(resumed.read_text())["results"]["metrics"] == metrics

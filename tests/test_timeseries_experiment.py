@@ -1,4 +1,5 @@
-"""``timeseries-hopfield``: model families, tiny run with resume, paper numbers, missing data."""
+"""``timeseries-hopfield``: model families, tiny run with resume, paper numbers, missing data and
+its stand-in."""
 
 from __future__ import annotations
 
@@ -63,16 +64,59 @@ def test_tiny_run_and_resume(tmp_path: Path) -> None:
     record = json.loads(path.read_text())
     tables = record["results"]["tables"]
     assert len(tables[0]["rows"]) == len(MODELS)
+    assert all(row[8] > 0 and row[9] > 0 for row in tables[0]["rows"])  # s and CPU s per epoch
     assert record["results"]["figures"] == ["timeseries_time_per_epoch.png"]
     assert (path.parent / "timeseries_time_per_epoch.png").exists()
-    assert not list(path.parent.glob("checkpoint_*.pt"))
+    assert len(list((path.parent / "runs").glob("*/log.jsonl"))) == len(MODELS)
+    assert not list(path.parent.rglob("checkpoints"))  # finished runs keep no checkpoints
     runs = json.loads((path.parent / "runs.json").read_text())
     assert len(runs) == len(MODELS)
-    # A rerun reuses every finished run (resume): identical numbers.
+    assert all(r["finished"] and r["steps"] == 2 and r["processes"] == 1 for r in runs.values())
+    # A rerun reuses every finished run (resume): identical numbers, nothing trained.
     again = json.loads(
         run_experiment("timeseries-hopfield", "tiny", tmp_path, progress=False).read_text()
     )
     assert again["results"]["metrics"] == record["results"]["metrics"]
+    assert json.loads((path.parent / "runs.json").read_text()) == runs
+
+
+def test_a_stopped_run_resumes_from_its_checkpoints(tmp_path: Path) -> None:
+    """``--max-steps 1`` stops every run after its first step; the same command without the
+    limit resumes each from its checkpoint and ends with the uninterrupted run's numbers."""
+    full = run_experiment("timeseries-hopfield", "tiny", tmp_path / "full", progress=False)
+    cut = run_experiment(
+        "timeseries-hopfield", "tiny", tmp_path / "cut", progress=False, stop_after=1
+    )
+    runs = json.loads((cut.parent / "runs.json").read_text())
+    assert all(r["steps"] == 1 and not r["finished"] for r in runs.values())
+    assert len(list(cut.parent.rglob("checkpoints/step-1/trainer.pt"))) == len(MODELS)
+    resumed = run_experiment("timeseries-hopfield", "tiny", tmp_path / "cut", progress=False)
+    runs = json.loads((resumed.parent / "runs.json").read_text())
+    assert all(r["resumed_from"] == 1 and r["finished"] for r in runs.values())
+    metrics = json.loads(full.read_text())["results"]["metrics"]
+    assert json.loads(resumed.read_text())["results"]["metrics"] == metrics
+
+
+def test_stand_in_data_replaces_an_absent_file(tmp_path: Path) -> None:
+    path = run_experiment(
+        "timeseries-hopfield",
+        "tiny",
+        tmp_path / "out",
+        data_dir=tmp_path,
+        overrides={"datasets": '["ETTh1"]', "models": '["dense"]'},
+        progress=False,
+        stand_in_data=True,
+    )
+    results = json.loads(path.read_text())["results"]
+    assert any(note.startswith("STAND-IN") and "ETTh1" in note for note in results["notes"])
+    assert results["tables"][0]["rows"][0][:3] == ["ETTh1", 24, "dense"]
+
+
+def test_device_must_be_auto_or_cpu(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="device"):
+        run_experiment(
+            "timeseries-hopfield", "tiny", tmp_path, overrides={"device": '"gpu"'}, progress=False
+        )
 
 
 def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:

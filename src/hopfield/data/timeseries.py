@@ -42,6 +42,7 @@ __all__ = [
     "make_splits",
     "read_series_csv",
     "split_sizes",
+    "stand_in_series",
     "synthetic_series",
 ]
 
@@ -58,12 +59,15 @@ class SeriesSpec:
         target: the column used in the univariate setting (the nonparametric paper's choice).
         stanhop_rows: ``(train, val, test)`` row counts of the STanHop/Crossformer protocol, or
             ``None`` where that protocol uses the 0.7/0.1/0.2 ratio.
+        shape: ``(rows, series)`` of the file (the ``date`` column not counted): the shape of
+            its stand-in (:func:`stand_in_series`).
     """
 
     name: str
     file: DataFile
     target: str
     stanhop_rows: tuple[int, int, int] | None
+    shape: tuple[int, int]
 
 
 DATASETS: dict[str, SeriesSpec] = {
@@ -76,6 +80,7 @@ DATASETS: dict[str, SeriesSpec] = {
         ),
         "OT",
         (12 * _HOURS_PER_MONTH, 4 * _HOURS_PER_MONTH, 4 * _HOURS_PER_MONTH),
+        (17_420, 7),
     ),
     "ETTm1": SeriesSpec(
         "ETTm1",
@@ -86,6 +91,7 @@ DATASETS: dict[str, SeriesSpec] = {
         ),
         "OT",
         (4 * 12 * _HOURS_PER_MONTH, 4 * 4 * _HOURS_PER_MONTH, 4 * 4 * _HOURS_PER_MONTH),
+        (69_680, 7),
     ),
     "WTH": SeriesSpec(
         "WTH",
@@ -96,6 +102,7 @@ DATASETS: dict[str, SeriesSpec] = {
         ),
         "DryBulbFarenheit",
         (28 * _HOURS_PER_MONTH, 10 * _HOURS_PER_MONTH, 10 * _HOURS_PER_MONTH),
+        (35_064, 12),
     ),
     # User-supplied files (not shipped with the project): no checksum is enforced.
     "ECL": SeriesSpec(
@@ -103,12 +110,14 @@ DATASETS: dict[str, SeriesSpec] = {
         DataFile("timeseries/ECL.csv", "", "https://github.com/zhouhaoyi/Informer2020 (ECL.csv)"),
         "MT_000",
         (15 * _HOURS_PER_MONTH, 3 * _HOURS_PER_MONTH, 4 * _HOURS_PER_MONTH),
+        (26_304, 321),
     ),
     "Traffic": SeriesSpec(
         "Traffic",
         DataFile("timeseries/traffic.csv", "", "https://github.com/thuml/Autoformer (traffic.csv)"),
         "0",
         None,
+        (17_544, 862),
     ),
 }
 
@@ -162,6 +171,23 @@ def synthetic_series(
     signal = amp[0] * np.sin(2 * math.pi * t / period + phase[0])
     signal = signal + amp[1] * np.sin(2 * math.pi * t / (7 * period) + phase[1]) + trend * t
     return signal + noise * rng.standard_normal((n_rows, n_channels))
+
+
+def stand_in_series(name: str, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+    """Random values in place of dataset ``name``'s file, of its shape (``hopfield run
+    --stand-in-data``: a paper preset runs without the file; the numbers mean nothing).
+
+    Returns:
+        ``(values (rows, series) float64, names)``: independent standard normal values (the same
+        for a given ``seed`` on every process) and column names, of which the last is the
+        dataset's univariate target.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"name must be one of {sorted(DATASETS)}, got {name!r}")
+    spec = DATASETS[name]
+    rows, series = spec.shape
+    values = np.random.default_rng(seed).standard_normal((rows, series))
+    return values, [f"series{i}" for i in range(series - 1)] + [spec.target]
 
 
 def split_sizes(
@@ -390,6 +416,7 @@ def load_forecasting(
     features: str = "M",
     target: str | None = None,
     max_rows: int | None = None,
+    stand_in: bool = False,
 ) -> ForecastSplits:
     """Windows of dataset ``name`` (or ``"synthetic"``) under a split protocol.
 
@@ -403,13 +430,15 @@ def load_forecasting(
         target: univariate target column (the dataset's :attr:`SeriesSpec.target` by default).
         max_rows: keep only the first ``max_rows`` rows (tiny presets); the split is then the
             ratio split of those rows.
+        stand_in: use :func:`stand_in_series` (random values of the file's shape) instead of
+            the file (``name`` must be a key of :data:`DATASETS`).
     """
     if name == "synthetic":
         values = synthetic_series(max_rows or 2000)
         names = [f"s{i}" for i in range(values.shape[1])]
         target = names[-1] if target is None else target
     else:
-        values, names = load_series(name, data_dir)
+        values, names = stand_in_series(name) if stand_in else load_series(name, data_dir)
         target = DATASETS[name].target if target is None else target
     if max_rows is not None:
         if max_rows < 3:

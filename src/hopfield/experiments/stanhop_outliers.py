@@ -13,20 +13,37 @@ out); the best checkpoint is evaluated once on the test windows:
 
 It also recomputes the paper's claim that OutEffHop ranks first or second among the four Table 2
 models in 25 of 30 (setting, outlier metric) pairs, on our numbers.
+
+Training goes through :class:`hopfield.training.Trainer`
+(:func:`hopfield.experiments.forecasting_common.train_forecaster`: Adam, the per-epoch ``type1``
+schedule, gradient clipping, early stopping, best epoch restored; the last incomplete batch of
+each pass is now dropped). The batch of a setting is the global batch. Each (setting, model,
+seed) trains in ``runs/<key>/`` with a checkpoint after every epoch, so a stopped run resumes
+there; finished runs are kept in ``runs.json`` and not trained again. Under ``torchrun`` every
+process trains its share of each batch and measures the whole test set (identical numbers); only
+the main process writes. With ``hopfield run --stand-in-data`` an absent dataset file is replaced
+by random values of its shape (with a note).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from hopfield.data.timeseries import ForecastSplits, load_forecasting
+from hopfield.data.timeseries import ForecastSplits
+from hopfield.experiments.forecasting_common import (
+    ForecastRecipe,
+    evaluate,
+    load_splits,
+    reusable,
+    save_run,
+    train_forecaster,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.models.forecasting import TrainConfig, evaluate, fit
 from hopfield.models.stanhop import ASSOCIATION_KINDS, Association, STanHopNet
 from hopfield.outliers import ActivationRecorder, quantize_w8a8
 
@@ -180,9 +197,12 @@ class Config:
         gsh_alpha, clip_gamma, clip_zeta, gate_init: association parameters.
         epochs, patience, schedule, grad_clip: training (Adam, type1 halving, early stopping).
         max_train_batches, max_eval_batches: caps per epoch / evaluation (``None``: all).
+        eval_batch_size: windows per evaluation and calibration batch (``None``: the setting's
+            training batch).
         quantize: also report the W8A8 MSE.
         calibration_batches: validation batches for the W8A8 activation ranges.
-        device: where to train (``"cpu"``, ``"cuda"``).
+        device: ``"auto"`` (the accelerator's device: this process's GPU where there is one) or
+            ``"cpu"``.
     """
 
     seed: int = 0
@@ -207,9 +227,10 @@ class Config:
     grad_clip: float = 5.0
     max_train_batches: int | None = None
     max_eval_batches: int | None = None
+    eval_batch_size: int | None = None
     quantize: bool = True
     calibration_batches: int = 16
-    device: str = "cpu"
+    device: str = "auto"
 
 
 PRESETS = {
@@ -305,11 +326,37 @@ def _setting(raw: Sequence[Any]) -> Setting:
     return str(dataset), int(horizon), int(in_len), int(seg_len), float(lr), int(batch)
 
 
-def run(config: Config, ctx: RunContext) -> Results:
-    """Train and measure every (setting, model, seed); resumable from ``runs.json``."""
+#: Config fields that do not change a single training run (the loops over runs).
+_LOOP_FIELDS = ("seed", "seeds", "settings", "models", "device")
+
+
+def recipe(config: Config, lr: float, batch: int) -> ForecastRecipe:
+    """The training recipe of ``config`` for a setting's learning rate and batch."""
+    return ForecastRecipe(
+        epochs=config.epochs,
+        batch_size=batch,
+        lr=lr,
+        optimizer="adam",
+        schedule=config.schedule,
+        patience=config.patience,
+        grad_clip=config.grad_clip,
+        max_train_batches=config.max_train_batches,
+        max_eval_batches=config.max_eval_batches,
+        eval_batch_size=config.eval_batch_size,
+    )
+
+
+def _check(config: Config) -> None:
     unknown = [m for m in config.models if m not in ASSOCIATION_KINDS]
     if unknown:
         raise ValueError(f"models: unknown {unknown}; choose from {ASSOCIATION_KINDS}")
+    if config.device not in ("auto", "cpu"):
+        raise ValueError(f"device must be 'auto' or 'cpu', got {config.device!r}")
+
+
+def run(config: Config, ctx: RunContext) -> Results:
+    """Train and measure every (setting, model, seed); resumable (``runs.json``, run folders)."""
+    _check(config)
     runs: dict[str, Any] = ctx.load_json("runs.json") or {}
     jobs = [
         (_setting(setting), model, config.seed + s)
@@ -317,55 +364,55 @@ def run(config: Config, ctx: RunContext) -> Results:
         for model in config.models
         for s in range(config.seeds)
     ]
-    cached: tuple[Setting, ForecastSplits] | None = None
+    fixed = {k: v for k, v in asdict(config).items() if k not in _LOOP_FIELDS}
+    cached: tuple[Setting, ForecastSplits, str] | None = None
+    sources: set[str] = set()
     for setting, kind, seed in ctx.track(jobs, len(jobs), "runs"):
-        dataset, horizon, in_len, seg_len, lr, batch = setting
-        key = f"{dataset}|{horizon}|{kind}|{seed}"
-        if key in runs:
-            continue
+        dataset, horizon, in_len, *_ = setting
         if cached is None or cached[0] != setting:
             protocol = "ratio" if config.max_rows else "stanhop"
-            splits = load_forecasting(
-                dataset,
-                in_len,
-                horizon,
-                data_dir=ctx.data_dir,
-                protocol=protocol,
-                max_rows=config.max_rows,
+            splits, source = load_splits(
+                ctx, dataset, in_len, horizon, protocol=protocol, max_rows=config.max_rows
             )
-            cached = (setting, splits)
-        splits = cached[1]
-        torch.manual_seed(seed)
-        model = build_model(config, splits.num_inputs, in_len, horizon, seg_len, kind)
-        model.to(config.device)
-        train = TrainConfig(
-            epochs=config.epochs,
-            batch_size=batch,
-            lr=lr,
-            optimizer="adam",
-            schedule=config.schedule,
-            patience=config.patience,
-            grad_clip=config.grad_clip,
-            max_train_batches=config.max_train_batches,
-            max_eval_batches=config.max_eval_batches,
-        )
-        result = fit(
-            model,
-            splits,
-            train,
-            generator=torch.Generator().manual_seed(seed),
-            checkpoint=ctx.path(f"checkpoint_{key.replace('|', '_')}.pt"),
-        )
-        record = measure(model, splits, config, batch)
-        record.update(
-            best_epoch=result.best_epoch,
-            epochs_run=result.epochs_run,
-            seconds_per_epoch=result.seconds_per_epoch,
-            cpu_seconds_per_epoch=result.cpu_seconds_per_epoch,
-        )
-        runs[key] = record
-        ctx.save_json("runs.json", runs)
-    return summarise(config, runs)
+            cached = (setting, splits, source)
+        splits, source = cached[1], cached[2]
+        sources.add(source)
+        key = f"{dataset}|{horizon}|{kind}|{seed}"
+        identity = {**fixed, "run": key, "setting": list(setting), "data": source}
+        if not reusable(runs.get(key), identity, ctx):
+            _train(config, ctx, runs, (key, setting, kind, seed), splits, identity)
+    results = summarise(config, runs)
+    results.notes.extend(sorted(s for s in sources if s.startswith("STAND-IN")))
+    return results
+
+
+def _train(
+    config: Config,
+    ctx: RunContext,
+    runs: dict[str, Any],
+    job: tuple[str, Setting, str, int],
+    splits: ForecastSplits,
+    identity: dict[str, Any],
+) -> None:
+    """Train and measure ``job = (key, setting, kind, seed)`` and record it as ``runs[key]``."""
+    key, (_, horizon, in_len, seg_len, lr, batch), kind, seed = job
+    folder = "runs/" + key.replace("|", "-")
+    torch.manual_seed(seed)
+    model = build_model(config, splits.num_inputs, in_len, horizon, seg_len, kind)
+    training = recipe(config, lr, batch)
+    fitted = train_forecaster(
+        model,
+        splits,
+        training,
+        ctx,
+        folder,
+        seed=seed,
+        identity=identity,
+        cpu=config.device == "cpu",
+    )
+    record = measure(model, splits, config, training.eval_batch)
+    record.update(fitted.to_dict())
+    save_run(ctx, runs, key, record, identity=identity, folder=folder, finished=fitted.finished)
 
 
 def _mean(found: list[dict[str, Any]], metric: str) -> float | None:

@@ -8,22 +8,41 @@ and the training time per epoch (Figure 5).
 
 The paper's Table 6 lost its dataset labels in extraction; blocks A, B, C are read as ETTh1,
 ETTm1, WTH (the order of the text), which is unverified.
+
+Training goes through :class:`hopfield.training.Trainer`
+(:func:`hopfield.experiments.forecasting_common.train_forecaster`: per-epoch schedule, early
+stopping, best epoch restored; see there for what differs from the earlier hand-written loop:
+the last incomplete batch of each pass is dropped and biases are not decayed). ``batch_size`` is
+the global batch. Each (dataset, horizon, model, seed) trains in ``runs/<key>/`` with a checkpoint
+after every epoch, so a stopped run resumes there; finished runs are kept in ``runs.json`` and not
+trained again. Under ``torchrun`` every process trains its share of each batch and evaluates the
+whole validation and test sets (identical numbers); only the main process writes. With
+``hopfield run --stand-in-data`` an absent dataset file is replaced by random values of its shape
+(with a note).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from hopfield.data.timeseries import load_forecasting
+from hopfield.data.timeseries import ForecastSplits
+from hopfield.experiments.forecasting_common import (
+    ForecastRecipe,
+    evaluate,
+    load_splits,
+    reusable,
+    save_run,
+    train_forecaster,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.structures import Dense, Structure
-from hopfield.models.forecasting import HopfieldForecaster, TrainConfig, fit
+from hopfield.models.forecasting import HopfieldForecaster
 
 MODELS = (
     "dense",
@@ -124,10 +143,12 @@ class Config:
         max_rows: use only the first rows of each series (``None``: all).
         d_model, num_heads, scale, dropout: the model (paper code: 64, 4, β = 0.1, 0).
         epochs, batch_size, lr, optimizer, weight_decay, schedule, patience, grad_clip: training
-            (paper code: AdamW lr 1e-3, batch 128, cosine, clip 5; epochs are not stated).
+            (paper code: AdamW lr 1e-3, batch 128, cosine, clip 5; epochs are not stated);
+            ``batch_size`` is the global batch (all processes).
         max_train_batches, max_eval_batches: caps per epoch / evaluation (``None``: all).
         random_features: features of the random-feature model (``None``: ``int(E ln E)``).
-        device: where to train (``"cpu"``, ``"cuda"``).
+        device: ``"auto"`` (the accelerator's device: this process's GPU where there is one) or
+            ``"cpu"``.
     """
 
     seed: int = 0
@@ -152,7 +173,7 @@ class Config:
     max_train_batches: int | None = None
     max_eval_batches: int | None = None
     random_features: int | None = None
-    device: str = "cpu"
+    device: str = "auto"
 
 
 PRESETS = {
@@ -221,8 +242,13 @@ def build_model(
     )
 
 
-def _train_config(config: Config) -> TrainConfig:
-    return TrainConfig(
+#: Config fields that do not change a single training run (the loops over runs).
+_LOOP_FIELDS = ("seed", "seeds", "datasets", "horizons", "models", "device")
+
+
+def recipe(config: Config) -> ForecastRecipe:
+    """The training recipe of ``config``."""
+    return ForecastRecipe(
         epochs=config.epochs,
         batch_size=config.batch_size,
         lr=config.lr,
@@ -236,11 +262,17 @@ def _train_config(config: Config) -> TrainConfig:
     )
 
 
-def run(config: Config, ctx: RunContext) -> Results:
-    """Train every (dataset, horizon, model, seed); resumable from ``runs.json``."""
+def _check(config: Config) -> None:
     unknown = [m for m in config.models if m not in MODELS]
     if unknown:
         raise ValueError(f"models: unknown {unknown}; choose from {MODELS}")
+    if config.device not in ("auto", "cpu"):
+        raise ValueError(f"device must be 'auto' or 'cpu', got {config.device!r}")
+
+
+def run(config: Config, ctx: RunContext) -> Results:
+    """Train every (dataset, horizon, model, seed); resumable (``runs.json``, run folders)."""
+    _check(config)
     runs: dict[str, Any] = ctx.load_json("runs.json") or {}
     settings = [
         (d, h, m, config.seed + s)
@@ -249,41 +281,72 @@ def run(config: Config, ctx: RunContext) -> Results:
         for m in config.models
         for s in range(config.seeds)
     ]
-    splits_cache: dict[tuple[str, int], Any] = {}
-    if any(f"{d}|{h}|{m}|{s}" not in runs for d, h, m, s in settings):
-        _warm_up()
+    fixed = {k: v for k, v in asdict(config).items() if k not in _LOOP_FIELDS}
+    loaded: dict[tuple[str, int], tuple[ForecastSplits, str]] = {}
+    sources: set[str] = set()
+    warmed = False
     for dataset, horizon, model_name, seed in ctx.track(settings, len(settings), "runs"):
-        key = f"{dataset}|{horizon}|{model_name}|{seed}"
-        if key in runs:
-            continue
-        if (dataset, horizon) not in splits_cache:
-            splits_cache.clear()
-            splits_cache[(dataset, horizon)] = load_forecasting(
+        if (dataset, horizon) not in loaded:
+            loaded.clear()
+            loaded[(dataset, horizon)] = load_splits(
+                ctx,
                 dataset,
                 horizon,
                 horizon,
-                data_dir=ctx.data_dir,
                 features=config.features,
                 max_rows=config.max_rows,
             )
-        splits = splits_cache[(dataset, horizon)]
-        torch.manual_seed(seed)
-        model = build_model(model_name, horizon, horizon, splits.num_inputs, config)
-        model.to(config.device)
-        result = fit(
-            model,
-            splits,
-            _train_config(config),
-            generator=torch.Generator().manual_seed(seed),
-            checkpoint=ctx.path(f"checkpoint_{key.replace('|', '_')}.pt"),
-        )
-        runs[key] = result.to_dict()
-        ctx.save_json("runs.json", runs)
-    return summarise(config, runs, ctx)
+        splits, source = loaded[(dataset, horizon)]
+        sources.add(source)
+        key = f"{dataset}|{horizon}|{model_name}|{seed}"
+        identity = {**fixed, "run": key, "data": source}
+        if reusable(runs.get(key), identity, ctx):
+            continue
+        if not warmed:
+            _warm_up()
+            warmed = True
+        _train(config, ctx, runs, (key, horizon, model_name, seed), splits, identity)
+    results = summarise(config, runs, ctx)
+    results.notes.extend(sorted(s for s in sources if s.startswith("STAND-IN")))
+    return results
+
+
+def _train(
+    config: Config,
+    ctx: RunContext,
+    runs: dict[str, Any],
+    job: tuple[str, int, str, int],
+    splits: ForecastSplits,
+    identity: dict[str, Any],
+) -> None:
+    """Train and evaluate ``job = (key, horizon, model, seed)`` and record it as ``runs[key]``."""
+    key, horizon, model_name, seed = job
+    folder = "runs/" + key.replace("|", "-")
+    torch.manual_seed(seed)
+    model = build_model(model_name, horizon, horizon, splits.num_inputs, config)
+    training = recipe(config)
+    fitted = train_forecaster(
+        model,
+        splits,
+        training,
+        ctx,
+        folder,
+        seed=seed,
+        identity=identity,
+        cpu=config.device == "cpu",
+    )
+    batch, limit = training.eval_batch, config.max_eval_batches
+    record = {
+        **fitted.to_dict(),
+        "val": evaluate(model, splits.val, batch, limit),
+        "test": evaluate(model, splits.test, batch, limit),
+    }
+    save_run(ctx, runs, key, record, identity=identity, folder=folder, finished=fitted.finished)
 
 
 def _warm_up() -> None:
-    """One throwaway training step, so that one-time library set-up is not timed as an epoch."""
+    """One throwaway forward, backward and AdamW step on a small model (nothing is kept), so
+    that one-time library set-up is not timed as the first epoch of the first run."""
     model = HopfieldForecaster(2, d_model=8, num_heads=2)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(2, 4, 1)).square().mean().backward()
@@ -346,7 +409,10 @@ def summarise(config: Config, runs: dict[str, Any], ctx: RunContext) -> Results:
             [m, *[t[(first, h, m)] for h in config.horizons for t in (timing, wall)]]
             for m in config.models
         ],
-        caption="Process CPU time and wall time of one training epoch (mean over seeds).",
+        caption=(
+            "CPU time (summed over the processes) and wall time of the training part of one "
+            "epoch (mean over seeds and epochs)."
+        ),
     )
     figures = [_plot_timing(config, timing, ctx)]
     return Results(
