@@ -2,7 +2,8 @@
 ``tests/test_distributed_training.py`` under ``torchrun`` and in one process.
 
 Usage: ``python distributed_training_script.py OUT MICRO_BATCH [UNTIL_STEP]``. The main process
-writes ``OUT/final.pt`` (weights) and ``OUT/result.json`` (log, steps, processes).
+writes ``OUT/final.pt`` (weights) and ``OUT/result.json`` (log, steps, processes, and the first
+random draw in ``loss_fn`` of every process).
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ def examples(n: int = 64) -> list[tuple[Tensor, Tensor]]:
     return list(zip(x, y, strict=True))
 
 
+DRAWS: list[float] = []
+"""What each ``loss_fn`` call drew from the global torch RNG (as dropout or masking would)."""
+
+
 def loss_fn(model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    DRAWS.append(float(torch.rand(())))
     x, y = batch
     error = model(x) - y
     return (error**2).mean(), {"mae": error.abs().mean()}
@@ -58,6 +64,10 @@ def main(out: Path, micro_batch: int, until_step: int | None) -> None:
         evaluate=lambda m: {"probe": float(m(probe).sum())},
     )
     result = trainer.fit(until_step=until_step)
+    first_draws: list[Any] = [DRAWS[:1]]
+    if torch.distributed.is_initialized():
+        first_draws = [None] * result.processes
+        torch.distributed.all_gather_object(first_draws, DRAWS[:1])
     if trainer.accelerator.is_main_process:
         torch.save(trainer.unwrapped.state_dict(), out / "final.pt")
         summary = {
@@ -65,6 +75,7 @@ def main(out: Path, micro_batch: int, until_step: int | None) -> None:
             "step": result.step,
             "processes": result.processes,
             "resumed_from": result.resumed_from,
+            "first_draws": first_draws,
         }
         (out / "result.json").write_text(json.dumps(summary))
 

@@ -54,6 +54,9 @@ def test_two_processes_follow_the_one_process_loss_curve(
         assert b["max_abs"]["1"] == pytest.approx(a["max_abs"]["1"], rel=1e-5)
         if "eval" in a:
             assert b["eval"]["probe"] == pytest.approx(a["eval"]["probe"], rel=1e-5, abs=1e-6)
+    # the processes draw different dropout/masks; the first keeps the 1-process stream
+    (first,), (second,) = double["first_draws"]
+    assert first == single["first_draws"][0][0] and second != first
     w1, w2 = _weights(one), _weights(two_processes)
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6)

@@ -55,7 +55,9 @@ The batches given to ``loss_fn`` are ``collate_fn([dataset[i] for i in indices])
 accelerator's device. ``loss_fn`` may also return ``(loss, {name: scalar})``: the named training
 metrics are averaged like the loss and logged beside it. Randomness inside ``loss_fn`` (masking, dropout) must use the global torch
 RNG (or NumPy/Python's), whose states are checkpointed; evaluation runs under
-:func:`torch.random.fork_rng`, so it never changes the training randomness.
+:func:`torch.random.fork_rng`, so it never changes the training randomness. At a fresh start
+every process other than the first reseeds these RNGs from its rank, so the processes draw
+different dropout and masks (process 0, and so a 1-process run, keeps the caller's seed).
 """
 
 from __future__ import annotations
@@ -494,6 +496,19 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _decorrelate_processes(rank: int) -> None:
+    """Give process ``rank > 0`` random streams of its own, derived from the torch seed every
+    process was given, so that dropout and masking differ between the processes' micro-batches
+    (with one seed everywhere, every process would draw the same masks). Process 0 keeps its
+    streams: a 1-process run is unchanged."""
+    if rank == 0:
+        return
+    seed = (torch.initial_seed() + 1_000_003 * rank) % 2**63
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
 def _set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -810,9 +825,11 @@ class Trainer:
             self.load_checkpoint(checkpoint)
             resumed_from = self.step
             self._write_log()
-        elif acc.is_main_process:  # a fresh start: no stale log or checkpoints of an older run
-            (self.out_dir / LOG_FILE).unlink(missing_ok=True)
-            shutil.rmtree(self.out_dir / CHECKPOINT_DIR, ignore_errors=True)
+        else:
+            _decorrelate_processes(acc.process_index)
+            if acc.is_main_process:  # a fresh start: no stale log or checkpoints of an older run
+                (self.out_dir / LOG_FILE).unlink(missing_ok=True)
+                shutil.rmtree(self.out_dir / CHECKPOINT_DIR, ignore_errors=True)
         acc.wait_for_everyone()
         self.model.train()
         stopped = bool(self.log and self.log[-1].get("stopped_early"))
