@@ -136,13 +136,14 @@ def test_tiny_bert_study(tmp_path: Path) -> None:
 
 
 def test_tiny_convergence_and_resume(tmp_path: Path) -> None:
-    """The tiny convergence run on 2 processes; run again, it resumes every finished run from its
-    checkpoint (the same curves, nothing trained)."""
+    """The tiny convergence run on 2 processes; run again with ``accelerate launch
+    --multi_gpu`` (the documented accelerate command for several CPU processes), it resumes every
+    finished run from its checkpoint (the same curves, nothing trained)."""
     first = run_distributed("convergence", "tiny", tmp_path / "out")
     curves = json.loads((tmp_path / "out" / "convergence" / "curves.json").read_text())
     assert all(runs[0]["finished"] for runs in curves["digits"].values())
     assert all(runs[0]["processes"] == 2 for runs in curves["digits"].values())
-    again = run_distributed("convergence", "tiny", tmp_path / "out")
+    again = run_distributed("convergence", "tiny", tmp_path / "out", launcher="accelerate")
     assert json.loads((tmp_path / "out" / "convergence" / "curves.json").read_text()) == curves
     assert again["results"]["metrics"] == first["results"]["metrics"]
     assert not any("trained from scratch" in n for n in again["results"]["notes"])
