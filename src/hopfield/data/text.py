@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ __all__ = [
     "StandInTokenBlocks",
     "TextSplits",
     "cache_root",
+    "hub_dataset",
+    "line_delimiters",
+    "line_encoder",
     "load_text",
     "mask_tokens",
     "special_ids",
@@ -156,7 +159,7 @@ def _column(dataset: Any) -> list[str]:
     return [str(t).strip() for t in dataset["text"]]
 
 
-def _hub(name: str, *args: Any, **kwargs: Any) -> Any:
+def hub_dataset(name: str, *args: Any, **kwargs: Any) -> Any:
     """``datasets.load_dataset(*args, **kwargs)``; a corpus the Hub cannot deliver (offline and
     not cached, or unknown) raises :class:`DataNotFoundError` naming corpus ``name``."""
     try:
@@ -196,13 +199,13 @@ def load_text(
     if name == "wikitext-2":
         splits = _wikitext2(data_dir, scheme)
     elif name == "wikitext-103":
-        ds = _hub(name, "Salesforce/wikitext", "wikitext-103-raw-v1")
+        ds = hub_dataset(name, "Salesforce/wikitext", "wikitext-103-raw-v1")
         splits = TextSplits(
             _column(ds["train"]), _column(ds["validation"]), "WikiText-103 (raw) train/validation"
         )
     else:
-        books = _hub(name, "bookcorpus/bookcorpus", split="train")
-        wiki = _hub(name, "google/wiki40b", "en")
+        books = hub_dataset(name, "bookcorpus/bookcorpus", split="train")
+        wiki = hub_dataset(name, "google/wiki40b", "en")
         splits = TextSplits(
             _column(books) + _column(wiki["train"]),
             _column(wiki["validation"]),
@@ -302,6 +305,23 @@ def special_ids(tokenizer: Any, kind: str) -> dict[str, int]:
     return ids
 
 
+def line_delimiters(tokenizer: Any, kind: str) -> tuple[list[int], list[int]]:
+    """The ids put before and after every line: BERT ``([CLS], [SEP])``, OPT ``([</s>], [])``."""
+    ids = special_ids(tokenizer, kind)
+    return ([ids["cls"]], [ids["sep"]]) if kind == "wordpiece" else ([ids["bos"]], [])
+
+
+def line_encoder(tokenizer: Any, kind: str) -> Callable[[list[str]], list[list[int]]]:
+    """``lines -> id lists``: empty lines dropped, ``<unk>`` mapped to the unknown token, no
+    special tokens (:func:`line_delimiters` gives those)."""
+
+    def encode(lines: list[str]) -> list[list[int]]:
+        encodings = tokenizer.encode_batch(_clean(lines, kind), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    return encode
+
+
 def token_blocks(
     tokenizer: Any, lines: Sequence[str], kind: str, length: int, max_blocks: int | None = None
 ) -> Tensor:
@@ -311,12 +331,11 @@ def token_blocks(
     """
     if not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be an int >= 2, got {length!r}")
-    ids = special_ids(tokenizer, kind)
-    before, after = ([ids["cls"]], [ids["sep"]]) if kind == "wordpiece" else ([ids["bos"]], [])
+    before, after = line_delimiters(tokenizer, kind)
     stream: list[int] = []
     limit = None if max_blocks is None else max_blocks * length
-    for encoding in tokenizer.encode_batch(_clean(lines, kind), add_special_tokens=False):
-        stream.extend(before + encoding.ids + after)
+    for ids in line_encoder(tokenizer, kind)(list(lines)):
+        stream.extend(before + ids + after)
         if limit is not None and len(stream) >= limit:
             break
     count = len(stream) // length

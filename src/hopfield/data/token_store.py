@@ -13,8 +13,10 @@ does not scale to that. :class:`TokenBlockStore` is the same blocks on disk:
   of ``length`` tokens, ``store[i]`` an ``int64`` tensor read from disk on demand. Memory is
   O(batch), whatever the corpus size, and every process of a multi-process run maps the same
   file (the operating system shares the pages);
-* :func:`build_once` builds on the main process while the others wait at a barrier, then every
-  process opens it.
+* :func:`build_once` builds on the main process while the others wait for the finished file,
+  then every process opens it; :func:`corpus_store` does that for a tokenizer and a stream of
+  lines with the delimiters of :func:`hopfield.data.text.token_blocks`, and
+  :func:`sample_lines` gives a tokenizer's training text from every source of a corpus.
 
 The store is a sized, indexable dataset, so :class:`hopfield.training.Trainer` draws its batches
 from it as from a tensor of blocks.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -34,7 +37,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["STREAMED_CORPORA", "TokenBlockStore", "build_once", "stream_lines"]
+__all__ = [
+    "STREAMED_CORPORA",
+    "TokenBlockStore",
+    "build_once",
+    "corpus_store",
+    "sample_lines",
+    "stream_lines",
+]
 
 TOKENS_FILE = "tokens.bin"
 META_FILE = "meta.json"
@@ -177,35 +187,103 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def build_once(path: str | os.PathLike[str], build: Callable[[], Any]) -> TokenBlockStore:
+def build_once(
+    path: str | os.PathLike[str], build: Callable[[], Any], *, poll_seconds: float = 5.0
+) -> TokenBlockStore:
     """Open the store at ``path``; if it is not finished, the main process calls ``build()``
-    (which writes it) while the other processes of a multi-process run wait."""
+    (which writes it) while the other processes of a multi-process run wait for its
+    ``meta.json`` by polling the file system, not in a collective, whose timeout (30 minutes
+    by default) a corpus of billions of tokens would exceed. ``path`` must be on a file system
+    every process sees."""
     import torch.distributed as dist
 
     folder = Path(path)
     distributed = dist.is_available() and dist.is_initialized()
-    if not (folder / META_FILE).is_file() and (not distributed or dist.get_rank() == 0):
-        build()
-    if distributed:
-        dist.barrier()
+    main = not distributed or dist.get_rank() == 0
+    if not (folder / META_FILE).is_file():
+        if main:
+            build()
+            if not (folder / META_FILE).is_file():
+                raise RuntimeError(f"build: left no finished store at {folder}")
+        while not (folder / META_FILE).is_file():
+            time.sleep(poll_seconds)
     return TokenBlockStore(folder)
 
 
-def stream_lines(name: str, split: str) -> Iterator[str]:
-    """The lines of corpus ``name`` (:data:`STREAMED_CORPORA`), split ``"train"`` or
-    ``"validation"``, streamed through ``datasets`` (``streaming=True``: nothing is loaded
-    into memory or written to disk but the records in flight)."""
+def _source_lines(dataset: str, config: str | None, part: str, corpus: str) -> Iterator[str]:
+    """The stripped, non-empty ``text`` records of one Hub dataset split, streamed."""
+    from hopfield.data.text import hub_dataset
+
+    for record in hub_dataset(corpus, dataset, config, split=part, streaming=True):
+        if line := str(record["text"]).strip():
+            yield line
+
+
+def _check_corpus(name: str, split: str) -> list[tuple[str, str | None, str]]:
     if name not in STREAMED_CORPORA:
         raise ValueError(f"name must be one of {sorted(STREAMED_CORPORA)}, got {name!r}")
     if split not in ("train", "validation"):
         raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    try:
-        import datasets
-    except ImportError as error:
-        raise ImportError(
-            "streaming a corpus needs the Hugging Face `datasets` package: "
-            'pip install "hopfield[corpora]"'
-        ) from error
-    for dataset, config, part in STREAMED_CORPORA[name][split]:
-        for record in datasets.load_dataset(dataset, config, split=part, streaming=True):
-            yield str(record["text"]).strip()
+    return STREAMED_CORPORA[name][split]
+
+
+def stream_lines(name: str, split: str) -> Iterator[str]:
+    """The non-empty lines of corpus ``name`` (:data:`STREAMED_CORPORA`), split ``"train"`` or
+    ``"validation"``, streamed through ``datasets`` (``streaming=True``: nothing is loaded
+    into memory or written to disk but the records in flight).
+
+    Raises (when iterated):
+        ImportError: ``datasets`` is not installed (``pip install "hopfield[corpora]"``).
+        hopfield.data.DataNotFoundError: the Hub cannot be reached and the corpus is not cached.
+    """
+    for source in _check_corpus(name, split):
+        yield from _source_lines(*source, name)
+
+
+def sample_lines(name: str, split: str, count: int) -> list[str]:
+    """The first ``count // k`` non-empty lines of each of the ``k`` sources of ``split`` (for
+    BookCorpus ∪ wiki40b: books and articles alike), e.g. a tokenizer's training text.
+
+    Raises:
+        ImportError, hopfield.data.DataNotFoundError: as :func:`stream_lines`.
+    """
+    sources = _check_corpus(name, split)
+    if not isinstance(count, int) or count < len(sources):
+        raise ValueError(f"count must be an int >= {len(sources)}, got {count!r}")
+    each = count // len(sources)
+    lines: list[str] = []
+    for source in sources:
+        lines += islice(_source_lines(*source, name), each)
+    return lines
+
+
+def corpus_store(
+    path: str | os.PathLike[str],
+    lines: Iterable[str],
+    tokenizer: Any,
+    kind: str,
+    length: int,
+    *,
+    max_blocks: int | None = None,
+    description: str = "",
+) -> TokenBlockStore:
+    """The store at ``path`` of ``lines`` tokenized as :func:`hopfield.data.text.token_blocks`
+    does (same delimiters, same blocks), built once (:func:`build_once`): on the main process
+    while the others wait; opened without reading ``lines`` where it is finished."""
+    from hopfield.data.text import line_delimiters, line_encoder
+
+    before, after = line_delimiters(tokenizer, kind)
+    return build_once(
+        path,
+        lambda: TokenBlockStore.build(
+            path,
+            lines,
+            line_encoder(tokenizer, kind),
+            length,
+            vocab_size=tokenizer.get_vocab_size(),
+            before=before,
+            after=after,
+            max_blocks=max_blocks,
+            description=description,
+        ),
+    )

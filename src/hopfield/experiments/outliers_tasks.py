@@ -36,11 +36,14 @@ whether a run folder's checkpoints belong to the run about to train.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -259,9 +262,61 @@ def _delimiters(family: str, ids: dict[str, int]) -> list[int]:
     return [ids["cls"], ids["sep"]] if family == "bert" else [ids["bos"]]
 
 
+#: Lines of a streamed corpus (:data:`hopfield.data.token_store.STREAMED_CORPORA`) its
+#: tokenizer is trained on: the first half million of every source (books and articles alike).
+TOKENIZER_SAMPLE_LINES = 1_000_000
+
+
+def _streamed_corpus(settings: Any, limit: int, stand_in: bool) -> _Corpus:
+    """BookCorpus ∪ wiki40b or WikiText-103 streamed from the Hub into memory-mapped token
+    stores below the cache folder (built once by the main process; a second run opens them), so
+    a corpus of billions of tokens costs no memory. ``max_train`` keeps the first lines."""
+    from hopfield.data.text import cache_root, special_ids, train_tokenizer
+    from hopfield.data.token_store import corpus_store, sample_lines, stream_lines
+
+    kind, name = _kind(settings.family), settings.dataset
+    sample_size = min(TOKENIZER_SAMPLE_LINES, settings.max_train or TOKENIZER_SAMPLE_LINES)
+    try:  # every process asks, so all of them take the same branch
+        sample = sample_lines(name, "train", max(sample_size, 2))
+    except (DataNotFoundError, ImportError) as missing:
+        if not stand_in:
+            raise
+        return _stand_in_corpus(settings, limit, DataNotFoundError(str(missing)))
+    cache = settings.cache_dir or None
+    tokenizer = main_process_first(
+        lambda: train_tokenizer(kind, sample, settings.vocab_size, cache_dir=cache)
+    )
+    digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:12]
+    root = cache_root(cache) / "token-blocks" / f"{name}-{settings.seq_len}-{digest}"
+    train_lines = stream_lines(name, "train")
+    if settings.max_train:
+        train_lines = islice(train_lines, settings.max_train)
+        root = root.with_name(f"{root.name}-first{settings.max_train}")
+    store = partial(corpus_store, tokenizer=tokenizer, kind=kind, length=settings.seq_len)
+    train = store(root / "train", train_lines, description=f"{name} train")
+    valid = store(root / "validation", stream_lines(name, "validation"), max_blocks=limit)
+    ids = special_ids(tokenizer, kind)
+    vocab = tokenizer.get_vocab_size()
+    return _Corpus(
+        train=train,
+        valid=valid.tensor(),
+        ids=ids,
+        vocab=vocab,
+        delimiters=_delimiters(settings.family, ids),
+        description=(
+            f"{name} streamed from the Hugging Face Hub into memory-mapped token blocks "
+            f"({len(train):,} training blocks of {settings.seq_len}, {root}); {kind} tokenizer "
+            f"({vocab} tokens) trained on {len(sample):,} training lines"
+        ),
+    )
+
+
 def _tokenized_corpus(settings: Any, data_dir: Path | None, limit: int, stand_in: bool) -> _Corpus:
     from hopfield.data.text import load_text, special_ids, token_blocks, train_tokenizer
+    from hopfield.data.token_store import STREAMED_CORPORA
 
+    if settings.dataset in STREAMED_CORPORA:
+        return _streamed_corpus(settings, limit, stand_in)
     kind = _kind(settings.family)
     try:
         splits = load_text(settings.dataset, data_dir, max_lines=settings.max_train or None)

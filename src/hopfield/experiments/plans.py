@@ -214,8 +214,8 @@ def _text_needs(dataset: str) -> tuple[DataNeed, ...]:
     return (
         DataNeed(
             hub.get(dataset, dataset),
-            note="Hugging Face Hub corpus, streamed into the datasets cache; not checked here "
-            "(hopfield run --stand-in-data replaces it)",
+            note="Hugging Face Hub corpus, streamed into memory-mapped token stores in the "
+            "cache folder; not checked here (hopfield run --stand-in-data replaces it)",
         ),
     )
 
