@@ -12,6 +12,7 @@ from scipy import io, sparse
 from hopfield.data import ChecksumError, DataNotFoundError
 from hopfield.data.mil import (
     MIL_DATASETS,
+    MIL_SHAPES,
     MILDataset,
     collate_bags,
     load_mil_dataset,
@@ -21,6 +22,8 @@ from hopfield.data.mil import (
     pad_bags,
     read_mil_csv,
     read_mil_mat,
+    stand_in_mil_dataset,
+    stand_in_mnist_bag_pools,
 )
 
 # three bags (ids 7, 3, 5; bag 3's instances are not contiguous), sizes 2, 3, 1
@@ -151,6 +154,35 @@ def test_digits_bag_pools_are_disjoint() -> None:
         load_mnist_bag_pools("cifar")
 
 
+def test_stand_in_mil_datasets_have_the_real_shapes() -> None:
+    for name, (features, largest, positive, negative) in MIL_SHAPES.items():
+        data = stand_in_mil_dataset(name, seed=1)
+        assert len(data) == positive + negative and data.num_features == features
+        assert int(data.labels.sum()) == positive and int(data.bag_sizes.max()) <= largest
+        assert int(data.bag_sizes.min()) >= 1 and "stand-in" in data.name
+    first, again = stand_in_mil_dataset("musk1", seed=1), stand_in_mil_dataset("musk1", seed=1)
+    assert torch.equal(again.instances, first.instances)  # the same on every process
+    assert torch.equal(again.labels, first.labels)
+    assert not torch.equal(stand_in_mil_dataset("musk1", seed=2).bag_sizes, first.bag_sizes)
+    x, mask, _ = first.batch(torch.arange(4))
+    assert x.shape[0] == 4 and mask is not None
+    with pytest.raises(ValueError, match="name"):
+        stand_in_mil_dataset("musk2")
+    assert set(MIL_SHAPES) == set(MIL_DATASETS)
+
+
+def test_stand_in_mnist_pools_have_the_real_shapes() -> None:
+    (train_x, train_y), (test_x, test_y) = stand_in_mnist_bag_pools()
+    assert train_x.shape == (8000, 784) and test_x.shape == (2000, 784)
+    assert train_y.shape == (8000,) and test_y.shape == (2000,)
+    assert float(train_x.min()) >= 0.0 and float(train_x.max()) <= 1.0
+    assert set(train_y.unique().tolist()) == set(range(10))
+    again = stand_in_mnist_bag_pools()[1][0]
+    assert torch.equal(again, test_x)
+    bags = make_mnist_bags(train_x, train_y, num_pairs=3, bag_size=5)
+    assert bags.batch(torch.arange(6))[0].shape == (6, 5, 784)
+
+
 def test_real_mil_benchmarks(shared_data: Path) -> None:
     expected = {
         "elephant": (1391, 230, 200, 100),
@@ -163,6 +195,10 @@ def test_real_mil_benchmarks(shared_data: Path) -> None:
         assert tuple(data.instances.shape) == (n, f) and len(data) == b
         assert int(data.labels.sum()) == pos
     assert set(MIL_DATASETS) == {*expected, "ucsb"}
+    for name, (features, largest, positive, negative) in MIL_SHAPES.items():  # the stand-ins'
+        data = load_mil_dataset(name, shared_data)
+        assert data.num_features == features and int(data.bag_sizes.max()) == largest
+        assert (int(data.labels.sum()), int((1 - data.labels).sum())) == (positive, negative)
 
 
 def test_real_ucsb_and_mnist_pools(shared_data: Path) -> None:

@@ -33,6 +33,7 @@ from hopfield.data.files import DataFile, locate
 
 __all__ = [
     "MIL_DATASETS",
+    "MIL_SHAPES",
     "BagBatches",
     "FixedSizeBags",
     "MILDataset",
@@ -44,6 +45,8 @@ __all__ = [
     "pad_bags",
     "read_mil_csv",
     "read_mil_mat",
+    "stand_in_mil_dataset",
+    "stand_in_mnist_bag_pools",
 ]
 
 _NPH = "https://github.com/MAGICS-LAB/NonparametricHopfield/raw/13ce6a8d9bec319beb8cb7f21ce42fc5eae32489/datasets/mil_datasets/"
@@ -76,6 +79,16 @@ MIL_DATASETS: dict[str, DataFile] = {
     ),
 }
 """The real MIL benchmarks: name -> file below the data root (SHA-256 from ``shared/data``)."""
+
+MIL_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "elephant": (230, 13, 100, 100),
+    "fox": (230, 13, 100, 100),
+    "tiger": (230, 13, 100, 100),
+    "musk1": (166, 40, 47, 45),
+    "ucsb": (708, 40, 26, 32),
+}
+"""``name -> (features, largest bag, positive bags, negative bags)`` of the real benchmarks (the
+files of :data:`MIL_DATASETS`), the shapes of :func:`stand_in_mil_dataset`."""
 
 Batch = tuple[Tensor, Tensor | None, Tensor]
 
@@ -290,6 +303,24 @@ def load_mil_dataset(
     return read_mil_csv(path, name) if Path(path).suffix == ".csv" else read_mil_mat(path, name)
 
 
+def stand_in_mil_dataset(name: str, seed: int = 0) -> MILDataset:
+    """Random bags in place of an absent benchmark, with its shape (:data:`MIL_SHAPES`): as many
+    positive and negative bags (in a random order), bag sizes uniform in ``[1, largest bag]``
+    and standard-normal features. Drawn from a generator seeded with ``seed``, so the bags are
+    the same on every process. The labels carry no signal: the numbers a model learns on them
+    mean nothing; they only prove that a recipe runs."""
+    if name not in MIL_SHAPES:
+        raise ValueError(f"name must be one of {sorted(MIL_SHAPES)}, got {name!r}")
+    features, largest, positive, negative = MIL_SHAPES[name]
+    generator = torch.Generator().manual_seed(seed)
+    count = positive + negative
+    sizes = torch.randint(1, largest + 1, (count,), generator=generator)
+    labels = (torch.randperm(count, generator=generator) < positive).float()
+    instances = torch.randn(int(sizes.sum()), features, generator=generator)
+    bag_index = torch.repeat_interleave(torch.arange(count), sizes)
+    return MILDataset(instances, bag_index, labels, torch.arange(count), f"{name} (stand-in)")
+
+
 @dataclass
 class FixedSizeBags:
     """Bags of one size whose instances are rows of a shared pool.
@@ -399,14 +430,30 @@ def load_mnist_bag_pools(
     from hopfield.data.images import load_image_dataset
 
     if source == "mnist":
-        images, labels = load_image_dataset("mnist", "test", data_dir)
-        images = images.flatten(1)
-        return (images[:8000], labels[:8000]), (images[8000:], labels[8000:])
+        return _mnist_pools(*load_image_dataset("mnist", "test", data_dir))
     if source == "digits":
         train_x, train_y = load_image_dataset("digits", "train")
         test_x, test_y = load_image_dataset("digits", "test")
         return (train_x.flatten(1), train_y), (test_x.flatten(1), test_y)
     raise ValueError(f"source must be 'mnist' or 'digits', got {source!r}")
+
+
+def stand_in_mnist_bag_pools() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """:func:`load_mnist_bag_pools` ``("mnist")`` on random images in place of an absent MNIST
+    test split (:func:`hopfield.data.images.stand_in_images`, the same on every process): the
+    shapes and the 8000/2000 cut of the real pools, random digits as labels."""
+    from hopfield.data.images import stand_in_images
+
+    return _mnist_pools(*stand_in_images("mnist", "test").tensors())
+
+
+def _mnist_pools(
+    images: Tensor, labels: Tensor
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The MNIST test split ``(10000, 1, 28, 28)`` cut into the train pool (images 0-7999) and the
+    test pool (8000-9999), flattened to ``(P, 784)``."""
+    images = images.flatten(1)
+    return (images[:8000], labels[:8000]), (images[8000:], labels[8000:])
 
 
 def make_bit_pattern_bags(
