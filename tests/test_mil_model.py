@@ -1,4 +1,5 @@
-"""MIL model: pooling methods, masks (batched = per bag), ROC-AUC, training and checkpointing."""
+"""MIL model: pooling methods, masks (batched = per bag), ROC-AUC, evaluation (training: see
+test_mil_experiments.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from hopfield.models.mil import (
     MILNet,
     evaluate,
     pooling_method,
+    predict,
     roc_auc,
     standardize,
-    train_mil,
 )
 
 
@@ -117,29 +118,18 @@ def test_standardize_uses_train_statistics() -> None:
     torch.testing.assert_close(b, (test - train.mean(0)) / train.std(0))
 
 
-def test_training_learns_bit_patterns_and_restores_best_epoch() -> None:
-    train, signals = make_bit_pattern_bags(160, 8, num_bits=6, num_signals=2, seed=0)
-    valid, _ = make_bit_pattern_bags(64, 8, num_bits=6, num_signals=2, seed=1, signals=signals)
-    torch.manual_seed(0)
-    net = MILNet(6, embedding_size=32, num_heads=2, quantity=2, method="dense", scale=1.0)
-    result = train_mil(
-        net, train, epochs=15, batch_size=32, lr=5e-3, valid=valid, select_by="accuracy"
+def test_predict_and_evaluate_in_order_and_mode() -> None:
+    bags, _ = make_bit_pattern_bags(10, 4, num_bits=4, num_signals=1, seed=0)
+    net = MILNet(4, embedding_size=8, num_heads=2, dropout=0.5).train()
+    logits = predict(net, bags, batch_size=3)  # several batches, in order, without dropout
+    assert net.training and logits.shape == (10,)
+    x, mask, labels = bags.batch(torch.arange(10))
+    torch.testing.assert_close(logits, net.eval()(x, mask))
+    metrics = evaluate(net, bags, batch_size=4)
+    assert metrics["accuracy"] == pytest.approx(
+        float(((logits > 0).float() == labels).float().mean())
     )
-    assert len(result.history) == 15
-    assert result.history[-1].train_loss < result.history[0].train_loss
-    assert result.best["valid"]["accuracy"] >= 0.9
-    # the restored model is the best epoch's
-    assert evaluate(net, valid) == pytest.approx(result.best["valid"])
-    best = max(h.evaluations["valid"]["accuracy"] for h in result.history)
-    assert result.best["valid"]["accuracy"] == best
-
-
-def test_train_mil_arguments() -> None:
-    bags, _ = make_bit_pattern_bags(8, 4, num_bits=4, num_signals=1)
-    net = MILNet(4, embedding_size=8, num_heads=2)
-    with pytest.raises(ValueError, match="select_by"):
-        train_mil(net, bags, epochs=1, batch_size=4, select_by="f1")
-    with pytest.raises(ValueError, match="epochs"):
-        train_mil(net, bags, epochs=0, batch_size=4)
-    result = train_mil(net, bags, epochs=2, batch_size=4, grad_clip=None)
-    assert result.best_epoch == 2 and result.best == {}
+    assert metrics["auc"] == pytest.approx(roc_auc_score(labels.numpy(), logits.numpy()))
+    assert metrics["loss"] == pytest.approx(
+        float(torch.nn.functional.binary_cross_entropy_with_logits(logits, labels))
+    )

@@ -6,19 +6,34 @@ check that every member of the Hopfield family can learn to single out one insta
 and how that degrades as bags grow. Not in the nonparametric paper's tables: the official code
 has a ``bit_pattern.py`` (dense vs sparse), after the demonstration of Ramsauer et al.'s
 ``hopfield-layers``.
+
+Every run trains through :func:`~hopfield.experiments.mil_common.train_mil_model`
+(:class:`~hopfield.training.Trainer`: AdamW, cosine decay per step, gradient clipping 1.0, the
+best validation accuracy's epoch restored; a training epoch drops its incomplete last batch,
+none at the preset sizes). Finished runs are saved and not repeated; a stopped run resumes from
+its Trainer checkpoint; under ``torchrun`` every process trains every run together
+(:mod:`hopfield.experiments.mil_common`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from hopfield.data.mil import make_bit_pattern_bags
-from hopfield.experiments.mil_common import RunStore, mean_pm_std, torch_threads
+from hopfield.experiments.mil_common import (
+    RunStore,
+    mean_pm_std,
+    mil_training_config,
+    torch_threads,
+    train_mil_model,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.models.mil import MILNet, train_mil
+from hopfield.models.mil import MILNet
 
 
 @dataclass
@@ -72,8 +87,16 @@ PRESETS = {
 }
 
 
-def train_one(config: Config, bag_size: int, method: str, seed: int) -> dict[str, float]:
-    """Test accuracy and AUC at the best-validation epoch of one run."""
+def train_one(
+    config: Config,
+    ctx: RunContext,
+    bag_size: int,
+    method: str,
+    seed: int,
+    out_dir: str | os.PathLike[str],
+) -> dict[str, Any]:
+    """Test accuracy and AUC at the best-validation epoch of one run (trained in ``out_dir``),
+    and how it trained (:meth:`~hopfield.experiments.mil_common.MILRun.record`)."""
     run_seed = config.seed + 1000 * seed + bag_size
     signals = None
     sets = []
@@ -99,18 +122,20 @@ def train_one(config: Config, bag_size: int, method: str, seed: int) -> dict[str
         scale=config.scale,
         seed=run_seed,
     )
-    result = train_mil(
-        model,
-        train,
+    training = mil_training_config(
+        ctx,
         epochs=config.epochs,
         batch_size=config.batch_size,
         lr=config.lr,
-        valid=valid,
-        evaluate_on={"test": test},
         select_by="accuracy",
         seed=run_seed,
     )
-    return {"accuracy": result.best["test"]["accuracy"], "auc": result.best["test"]["auc"]}
+    result = train_mil_model(model, train, {"valid": valid, "test": test}, out_dir, training)
+    return {
+        "accuracy": result.best["test_accuracy"],
+        "auc": result.best["test_auc"],
+        **result.record(),
+    }
 
 
 def run(config: Config, ctx: RunContext) -> Results:
@@ -126,7 +151,7 @@ def run(config: Config, ctx: RunContext) -> Results:
         for size, method, seed in ctx.track(runs, len(runs), "runs"):
             key = f"{size}/{method}/{seed}"
             if key not in store:
-                store.add(key, train_one(config, size, method, seed))
+                store.add(key, train_one(config, ctx, size, method, seed, store.work_dir(key)))
 
     def accuracies(size: int, method: str) -> list[float]:
         return [store[f"{size}/{method}/{s}"]["accuracy"] for s in range(config.seeds)]

@@ -10,22 +10,45 @@ Reported: test accuracy at the best-validation epoch, mean ± std over seeds, pe
 
 Images: the MNIST test split of the shared data (images 0-7999 make training and validation
 bags, 8000-9999 test bags; validation bags use the last ``valid_image_fraction`` of the former),
-or scikit-learn's digits (``source="digits"``).
+or scikit-learn's digits (``source="digits"``). With ``--stand-in-data`` an absent MNIST test
+split is replaced by random images of its shape.
+
+Every run trains through :func:`~hopfield.experiments.mil_common.train_mil_model`
+(:class:`~hopfield.training.Trainer`: AdamW, cosine decay per step, gradient clipping 1.0, the
+best validation accuracy's epoch restored), with a checkpoint every ``checkpoint_every`` (the
+``paper`` runs are long: a stopped run resumes from its last epoch). A training epoch drops its
+incomplete last batch (``paper``: 4000 bags at batch 256 are 15 steps, the last 160 bags of each
+epoch's permutation unused; the hand-written loop before it trained 16 steps, the last of 160
+bags). Runs go to a pool of worker processes (one torch thread each) when ``workers`` allows, or
+one after the other with every process of a ``torchrun`` job training each model together;
+finished runs are saved and not repeated, a run cut by ``--max-steps`` resumes from its
+checkpoint (:mod:`hopfield.experiments.mil_common`).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from hopfield.data.mil import load_mnist_bag_pools, make_mnist_bags
-from hopfield.experiments.mil_common import RunStore, mean_pm_std, run_tasks, torch_threads
+from hopfield.data import DataNotFoundError
+from hopfield.data.mil import load_mnist_bag_pools, make_mnist_bags, stand_in_mnist_bag_pools
+from hopfield.experiments.mil_common import (
+    RunStore,
+    mean_pm_std,
+    mil_training_config,
+    run_tasks,
+    torch_threads,
+    train_mil_model,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.models.mil import MILNet, train_mil
+from hopfield.models.mil import MILNet
+from hopfield.training import Period
 
 PAPER_METHODS = (
     "dense",
@@ -67,6 +90,7 @@ class Config:
     dropout: float = 0.0
     seeds: int = 10
     curve_bag_size: int = 50
+    checkpoint_every: Period = "epoch"
     workers: int = 0
     threads: int = 0
     seed: int = 0
@@ -88,6 +112,7 @@ PRESETS = {
         head_size=8,
         seeds=1,
         curve_bag_size=10,
+        checkpoint_every=0,
         workers=1,
         threads=1,
         figures=False,
@@ -107,17 +132,50 @@ PRESETS = {
 }
 
 
+Pools = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+CURVES = ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy", "test_accuracy")
+"""The per-epoch curves saved for the runs at ``curve_bag_size`` (Figure 4)."""
+
+
 @functools.lru_cache(maxsize=2)
-def _pools(source: str, data_dir: str | None) -> Any:
-    return load_mnist_bag_pools(source, data_dir)
+def load_pools(source: str, data_dir: str | None, stand_in: bool) -> tuple[Pools, bool]:
+    """The image pools of ``source`` and whether they are stand-ins: random images of the MNIST
+    test split's shape when it is absent and ``stand_in`` allows (else
+    :class:`~hopfield.data.DataNotFoundError`)."""
+    try:
+        return load_mnist_bag_pools(source, data_dir), False
+    except DataNotFoundError:
+        if not stand_in or source != "mnist":
+            raise
+        return stand_in_mnist_bag_pools(), True
 
 
-def train_one(task: tuple[Config, int, str, int, str | None]) -> dict[str, Any]:
-    """One training run: ``(config, bag size, method, seed, data dir)`` -> its results."""
-    config, bag_size, method, seed, data_dir = task
-    (pool_x, pool_y), (test_x, test_y) = _pools(config.source, data_dir)
+@dataclass(frozen=True)
+class RunTask:
+    """One training run: bag size, method and seed, and where it trains."""
+
+    config: Config
+    ctx: RunContext
+    bag_size: int
+    method: str
+    seed: int
+    work_dir: Path
+
+    @property
+    def key(self) -> str:
+        return _key(self.bag_size, self.method, self.seed)
+
+
+def train_one(task: RunTask) -> dict[str, Any]:
+    """One training run -> its test accuracy and AUC at the best validation epoch, how it trained
+    (:meth:`~hopfield.experiments.mil_common.MILRun.record`) and, at ``curve_bag_size``, its
+    per-epoch curves."""
+    config, ctx, bag_size = task.config, task.ctx, task.bag_size
+    data_dir = str(ctx.data_dir) if ctx.data_dir is not None else None
+    (pool_x, pool_y), (test_x, test_y) = load_pools(config.source, data_dir, ctx.stand_in_data)[0]
     cut = round(pool_x.shape[0] * (1 - config.valid_image_fraction))
-    run_seed = config.seed + 1000 * seed + bag_size
+    run_seed = config.seed + 1000 * task.seed + bag_size
     common = {"bag_size": bag_size, "target": config.target}
     train = make_mnist_bags(pool_x[:cut], pool_y[:cut], config.train_pairs, seed=run_seed, **common)
     valid = make_mnist_bags(
@@ -132,37 +190,30 @@ def train_one(task: tuple[Config, int, str, int, str | None]) -> dict[str, Any]:
         num_heads=config.num_heads,
         head_size=config.head_size,
         quantity=quantity,
-        method=method,
+        method=task.method,
         scale=config.scale,
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         seed=run_seed,
     )
-    result = train_mil(
-        model,
-        train,
+    training = mil_training_config(
+        ctx,
         epochs=config.epochs,
         batch_size=config.batch_size,
         lr=config.lr,
         weight_decay=config.weight_decay,
-        valid=valid,
-        evaluate_on={"test": test},
         select_by="accuracy",
         seed=run_seed,
+        checkpoint_every=config.checkpoint_every,
     )
+    result = train_mil_model(model, train, {"valid": valid, "test": test}, task.work_dir, training)
     out: dict[str, Any] = {
-        "test_accuracy": result.best["test"]["accuracy"],
-        "test_auc": result.best["test"]["auc"],
-        "best_epoch": result.best_epoch,
+        "test_accuracy": result.best["test_accuracy"],
+        "test_auc": result.best["test_auc"],
+        **result.record(),
     }
     if bag_size == config.curve_bag_size:
-        out["curves"] = {
-            "train_loss": [h.train_loss for h in result.history],
-            "train_accuracy": [h.train_accuracy for h in result.history],
-            "valid_loss": [h.evaluations["valid"]["loss"] for h in result.history],
-            "valid_accuracy": [h.evaluations["valid"]["accuracy"] for h in result.history],
-            "test_accuracy": [h.evaluations["test"]["accuracy"] for h in result.history],
-        }
+        out["curves"] = {name: result.curves.get(name, []) for name in CURVES}
     return out
 
 
@@ -175,19 +226,20 @@ def run(config: Config, ctx: RunContext) -> Results:
     if config.source not in ("mnist", "digits"):
         raise ValueError(f"source must be 'mnist' or 'digits', got {config.source!r}")
     data_dir = str(ctx.data_dir) if ctx.data_dir is not None else None
-    _pools(config.source, data_dir)  # fail early (DataNotFoundError) when the images are absent
+    # fail early (DataNotFoundError) when the images are absent and no stand-in is allowed
+    stand_in = load_pools(config.source, data_dir, ctx.stand_in_data)[1]
     store = RunStore(ctx, config)
     tasks = [
-        (config, size, method, seed, data_dir)
+        RunTask(config, ctx, size, method, seed, store.work_dir(key))
         for size in config.bag_sizes
         for method in config.methods
         for seed in range(config.seeds)
-        if _key(size, method, seed) not in store
+        if (key := _key(size, method, seed)) not in store
     ]
     with torch_threads(config.threads):
         done = run_tasks(train_one, tasks, config.workers)
         for task, result in ctx.track(done, len(tasks), "runs"):
-            store.add(_key(task[1], task[2], task[3]), result)
+            store.add(task.key, result)
 
     def accuracies(size: int, method: str) -> list[float]:
         return [store[_key(size, method, s)]["test_accuracy"] for s in range(config.seeds)]
@@ -214,7 +266,13 @@ def run(config: Config, ctx: RunContext) -> Results:
         ),
         _settings_table(config),
     ]
-    results = Results(tables=tables, metrics=metrics, notes=_trend_notes(config, accuracies))
+    notes = _trend_notes(config, accuracies)
+    if stand_in:
+        notes.append(
+            "STAND-IN DATA (--stand-in-data): the MNIST test split is absent; the bags were made "
+            "of random images with random digit labels; these numbers mean nothing."
+        )
+    results = Results(tables=tables, metrics=metrics, notes=notes)
     if config.figures:
         results.figures = _figures(config, store, ctx, accuracies)
     return results

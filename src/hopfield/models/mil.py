@@ -1,4 +1,4 @@
-"""Multiple-instance learning with Hopfield pooling: the model, the pooling methods, training.
+"""Multiple-instance learning with Hopfield pooling: the model, the pooling methods, evaluation.
 
 The network of the nonparametric Hopfield paper (Hu et al., ICML 2025, Appendix G.2-G.3) and of its
 official code::
@@ -14,17 +14,16 @@ dropout at both places is the paper's "bag dropout"; the association weights hav
 
 :func:`pooling_method` maps the names of the paper's model family (``"dense"``, ``"sparse"``,
 ``"topk-20"``, ``"random-mask-50"``, ``"linear"``, ``"random-features"``, ``"outeffhop"``, ...)
-to a separation and a structure. :func:`train_mil` trains with AdamW and a cosine schedule and
-keeps the best-validation checkpoint; :func:`evaluate` gives loss, accuracy and ROC-AUC.
+to a separation and a structure; :func:`evaluate` gives loss, accuracy and ROC-AUC. Training
+runs through :class:`hopfield.training.Trainer`
+(:func:`hopfield.experiments.mil_common.train_mil_model` holds the experiments' recipe).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,13 +39,12 @@ from hopfield.nn.hopfield import HopfieldPooling
 
 __all__ = [
     "POOLING_METHODS",
-    "EpochRecord",
     "MILNet",
-    "TrainResult",
     "evaluate",
     "pooling_method",
+    "predict",
     "roc_auc",
-    "train_mil",
+    "standardize",
 ]
 
 POOLING_METHODS = (
@@ -225,13 +223,15 @@ def roc_auc(scores: Tensor | np.ndarray, labels: Tensor | np.ndarray) -> float:
 
 @torch.no_grad()
 def predict(model: nn.Module, data: BagBatches, batch_size: int = 256) -> Tensor:
-    """Logits ``(len(data),)`` of ``model`` (in eval mode) over ``data``, in order."""
+    """Logits ``(len(data),)`` of ``model`` (in eval mode) over ``data``, in order, on the device
+    of the model's parameters."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     outputs = []
     for start in range(0, len(data), batch_size):
         x, mask, _ = data.batch(torch.arange(start, min(start + batch_size, len(data))))
-        outputs.append(model(x, mask))
+        outputs.append(model(x.to(device), None if mask is None else mask.to(device)))
     model.train(was_training)
     return torch.cat(outputs)
 
@@ -239,102 +239,12 @@ def predict(model: nn.Module, data: BagBatches, batch_size: int = 256) -> Tensor
 def evaluate(model: nn.Module, data: BagBatches, batch_size: int = 256) -> dict[str, float]:
     """``{"loss": BCE, "accuracy": at logit > 0, "auc": ROC-AUC}`` of ``model`` on ``data``."""
     logits = predict(model, data, batch_size)
-    labels = data.labels.to(logits.dtype)
+    labels = data.labels.to(logits.device, logits.dtype)
     return {
         "loss": float(F.binary_cross_entropy_with_logits(logits, labels)),
         "accuracy": float(((logits > 0).to(labels.dtype) == labels).float().mean()),
-        "auc": roc_auc(logits, labels),
+        "auc": roc_auc(logits.cpu(), labels.cpu()),
     }
-
-
-@dataclass
-class EpochRecord:
-    """Metrics after one epoch: training loss/accuracy (running), and each evaluation set's."""
-
-    epoch: int
-    train_loss: float
-    train_accuracy: float
-    evaluations: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train_mil` returns.
-
-    Attributes:
-        history: one record per epoch.
-        best_epoch: the epoch whose validation metric was best (1-based; the last epoch when no
-            validation set was given).
-        best: the evaluations (every set) at ``best_epoch``.
-    """
-
-    history: list[EpochRecord]
-    best_epoch: int
-    best: dict[str, dict[str, float]]
-
-
-def train_mil(
-    model: nn.Module,
-    train: BagBatches,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    valid: BagBatches | None = None,
-    evaluate_on: dict[str, BagBatches] | None = None,
-    select_by: str = "auc",
-    grad_clip: float | None = 1.0,
-    seed: int = 0,
-) -> TrainResult:
-    """Train a bag classifier with AdamW, cosine learning-rate decay and BCE-with-logits.
-
-    After every epoch the model is evaluated on ``valid`` (and on each of ``evaluate_on``, for
-    learning curves); the parameters of the best validation epoch (by ``select_by``: ``"auc"``,
-    ``"accuracy"`` or ``"loss"``, ties to the earlier epoch) are loaded back into ``model`` at the
-    end.
-    """
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    if select_by not in ("auc", "accuracy", "loss"):
-        raise ValueError(f"select_by must be 'auc', 'accuracy' or 'loss', got {select_by!r}")
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
-    sets = dict(evaluate_on or {})
-    if valid is not None:
-        sets["valid"] = valid
-    history: list[EpochRecord] = []
-    best_value, best_epoch, best_state = -math.inf, epochs, None
-    for epoch in range(1, epochs + 1):
-        model.train()
-        order = torch.randperm(len(train), generator=generator)
-        total_loss, correct = 0.0, 0.0
-        for start in range(0, len(train), batch_size):
-            x, mask, y = train.batch(order[start : start + batch_size])
-            logits = model(x, mask)
-            loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
-            schedule.step()
-            total_loss += float(loss.detach()) * y.shape[0]
-            correct += float(((logits.detach() > 0).to(y.dtype) == y).sum())
-        record = EpochRecord(epoch, total_loss / len(train), correct / len(train))
-        record.evaluations = {name: evaluate(model, data) for name, data in sets.items()}
-        history.append(record)
-        if valid is not None:
-            value = record.evaluations["valid"][select_by]
-            value = -value if select_by == "loss" else value
-            if not math.isnan(value) and value > best_value:
-                best_value, best_epoch = value, epoch
-                best_state = copy.deepcopy(model.state_dict())
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    return TrainResult(history, best_epoch, history[best_epoch - 1].evaluations)
 
 
 def standardize(train: Tensor, *others: Tensor, eps: float = 1e-6) -> list[Tensor]:
