@@ -49,9 +49,18 @@ def bit_bags(
     return train_bags, valid_bags, test_bags
 
 
-def small_net(dropout: float = 0.0) -> MILNet:
+def small_net(dropout: float = 0.0, method: str = "dense") -> MILNet:
     torch.manual_seed(0)
-    return MILNet(6, embedding_size=32, num_heads=2, quantity=2, scale=1.0, dropout=dropout)
+    return MILNet(
+        6,
+        embedding_size=32,
+        num_heads=2,
+        quantity=2,
+        scale=1.0,
+        dropout=dropout,
+        method=method,
+        seed=5,
+    )
 
 
 def prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
@@ -165,11 +174,13 @@ def test_bag_loss_and_evaluator() -> None:
     assert prefixed(metrics, "a_") == evaluate(net, bags) == prefixed(metrics, "b_")
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["dense", "random-mask-50"])
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path: Path, method: str) -> None:
+    """Dropout (the global RNG) and random masks (the model's generator) resume where they were."""
     train, valid, _ = bit_bags()
 
     def run(out: Path, stop_after: int | None = None) -> tuple[MILRun, MILNet]:
-        net = small_net(dropout=0.3)  # dropout: the random state must be resumed too
+        net = small_net(dropout=0.3, method=method)
         ctx = RunContext(tmp_path / "ctx", stop_after=stop_after)
         config = mil_training_config(ctx, epochs=3, batch_size=32, checkpoint_every="epoch")
         return train_mil_model(net, train, {"valid": valid}, out, config), net

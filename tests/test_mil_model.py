@@ -18,6 +18,7 @@ from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
 from hopfield.models.mil import (
     POOLING_METHODS,
+    GeneratorState,
     MILNet,
     evaluate,
     pooling_method,
@@ -133,3 +134,28 @@ def test_predict_and_evaluate_in_order_and_mode() -> None:
     assert metrics["loss"] == pytest.approx(
         float(torch.nn.functional.binary_cross_entropy_with_logits(logits, labels))
     )
+
+
+def test_random_mask_draws_are_in_the_state_dict() -> None:
+    """A checkpoint of a random-mask model resumes its training draws where they were."""
+    x = torch.randn(3, 10, 4)
+    net = MILNet(4, embedding_size=8, num_heads=2, method="random-mask-50", seed=7).train()
+    assert isinstance(net.mask_draws, GeneratorState)
+    net(x)  # some draws before the checkpoint
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    assert "mask_draws._extra_state" in state
+    first, second = net(x), net(x)
+    assert not torch.equal(first, second)  # fresh subsets every call
+    net.load_state_dict(state)
+    torch.testing.assert_close(net(x), first)
+    twin = MILNet(4, embedding_size=8, num_heads=2, method="random-mask-50", seed=7)
+    twin.load_state_dict(state)
+    torch.testing.assert_close(twin.train()(x), first)
+    for other in (
+        MILNet(4, embedding_size=8, num_heads=2, method="random-mask-50"),  # global generator
+        MILNet(4, embedding_size=8, num_heads=2, method="dense", seed=7),
+    ):
+        assert not hasattr(other, "mask_draws")
+        assert not any("extra_state" in k for k in other.state_dict())
+    with pytest.raises(TypeError, match="generator"):
+        GeneratorState(7)  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from hopfield.nn.hopfield import HopfieldPooling
 
 __all__ = [
     "POOLING_METHODS",
+    "GeneratorState",
     "MILNet",
     "evaluate",
     "pooling_method",
@@ -72,7 +73,9 @@ def pooling_method(name: str, *, seed: int | None = None) -> tuple[Separation, S
     * ``"outeffhop"``: Softmax_1 (OutEffHop's no-op memory);
     * ``"topk-P"``: softmax over the ``max(1, int(P/100 · valid))`` largest scores (P in 1..100);
     * ``"random-mask-P"``: each query sees a random ``(100 - P)%`` of the instances, i.e. ``P`` is
-      the masking probability of the paper (fixed subsets in eval mode, seeded by ``seed``);
+      the masking probability of the paper (fixed subsets in eval mode, seeded by ``seed``; in
+      training drawn from a CPU generator seeded with ``seed``, whose state :class:`MILNet`
+      keeps in its state dict, or from torch's global generator without a seed);
     * ``"linear"``: the ``elu + 1`` kernel; ``"random-features"``: positive random features.
     """
     if not isinstance(name, str):
@@ -84,7 +87,8 @@ def pooling_method(name: str, *, seed: int | None = None) -> tuple[Separation, S
             raise ValueError(f"the percentage in {name!r} must lie in 1..100 (below 100 for masks)")
         if match.group(1) == "topk":
             return Softmax(), TopK(fraction=percent / 100)
-        return Softmax(), RandomMask(fraction=1 - percent / 100, seed=seed)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        return Softmax(), RandomMask(fraction=1 - percent / 100, seed=seed, generator=generator)
     simple: dict[str, Callable[[], Separation]] = {
         "dense": Softmax,
         "sparse": Sparsemax,
@@ -98,6 +102,24 @@ def pooling_method(name: str, *, seed: int | None = None) -> tuple[Separation, S
     if name == "random-features":
         return Softmax(), RandomFeatures(seed=seed)
     raise ValueError(f"name must be one of {', '.join(POOLING_METHODS)}, got {name!r}")
+
+
+class GeneratorState(nn.Module):
+    """Keeps the state of ``generator`` in the state dict of the model it belongs to (as
+    ``<name>._extra_state``, a ``uint8`` tensor), so that a checkpoint of the model resumes its
+    random draws (the random-mask subsets of training) where they were."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        self.generator = generator
+
+    def get_extra_state(self) -> Tensor:
+        return self.generator.get_state()
+
+    def set_extra_state(self, state: Tensor) -> None:
+        self.generator.set_state(state.cpu())
 
 
 class MILNet(nn.Module):
@@ -117,7 +139,8 @@ class MILNet(nn.Module):
         dropout: bag dropout after the embedding and after the pooling.
         attention_dropout: dropout on the association weights.
         tie_values_to_keys: values ``V = (Y W_K) W_V`` as in the papers' layer (eq. F.2).
-        seed: seed of the random-mask structure.
+        seed: seed of the random-mask structure (its training draws then come from a generator
+            whose state is in the state dict, :class:`GeneratorState`) and of random features.
     """
 
     def __init__(
@@ -168,6 +191,9 @@ class MILNet(nn.Module):
         self.norm_pooled = nn.LayerNorm(embedding_size, **factory)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(quantity * embedding_size, 1, **factory)
+        chosen = structure if structure is not None else named_structure
+        if isinstance(chosen, RandomMask) and chosen.generator is not None:
+            self.mask_draws = GeneratorState(chosen.generator)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
