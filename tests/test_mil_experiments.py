@@ -413,6 +413,12 @@ def test_worker_processes() -> None:
     assert results == {-1: 1, -2: 2, 3: 3}
 
 
+def test_no_worker_pools_under_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun process: every process trains each run
+    assert resolve_workers(4, 10) == 1 and resolve_workers(0, 10) == 1
+    assert list(run_tasks(abs, [-2, -1, 3], workers=2)) == [(-2, 2), (-1, 1), (3, 3)]  # in order
+
+
 def test_mil_bit_pattern_tiny(tmp_path: Path) -> None:
     path = run_experiment("mil-bit-pattern", "tiny", tmp_path, progress=False)
     record = json.loads(path.read_text())
