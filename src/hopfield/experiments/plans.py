@@ -28,10 +28,7 @@ from hopfield.plan import DataNeed, TrainingJob
 
 __all__ = [
     "JOBS",
-    "MIL_SHAPES",
     "NOT_TRAINED",
-    "SERIES_COLUMNS",
-    "SERIES_ROWS",
     "convergence_jobs",
     "hyperset_images_jobs",
     "hyperset_mim_jobs",
@@ -394,10 +391,15 @@ def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
 
 # --- stanhop-outliers ---------------------------------------------------------------------------
 
-#: Rows of the forecasting files (``date`` column excluded from the series count).
-SERIES_ROWS = {"ETTh1": 17_420, "ETTm1": 69_680, "WTH": 35_064}
-#: Series (columns besides ``date``) of the forecasting files.
-SERIES_COLUMNS = {"ETTh1": 7, "ETTm1": 7, "WTH": 12, "ECL": 321, "Traffic": 862, "synthetic": 7}
+def _series_columns(dataset: str) -> int:
+    """Series (columns besides ``date``) of a forecasting dataset."""
+    from hopfield.data.timeseries import DATASETS, synthetic_series
+
+    if dataset == "synthetic":
+        return int(synthetic_series(2).shape[1])
+    return DATASETS[dataset].shape[1]
+
+
 
 #: STanHop-Net parameters of OutEffHop Table 1 (ETTh1, T 168, τ 24, L 6), without the position
 #: tables: "35.13m", and "35.15m" for the gated rows (spec stanhop.md §11).
@@ -419,9 +421,10 @@ def _train_rows(dataset: str, protocol: str, max_rows: int | None) -> tuple[int,
     if dataset == "synthetic":
         rows = max_rows or 2000
         return split_sizes(rows, "ratio")[0], f"synthetic series of {rows} rows"
-    if dataset not in SERIES_ROWS:
-        raise ValueError(f"no known row count for {dataset!r}; known: {sorted(SERIES_ROWS)}")
-    rows = SERIES_ROWS[dataset] if max_rows is None else min(max_rows, SERIES_ROWS[dataset])
+    if dataset not in DATASETS:
+        raise ValueError(f"no known row count for {dataset!r}; known: {sorted(DATASETS)}")
+    total = DATASETS[dataset].shape[0]
+    rows = total if max_rows is None else min(max_rows, total)
     if protocol == "stanhop" and max_rows is None and DATASETS[dataset].stanhop_rows:
         train = DATASETS[dataset].stanhop_rows[0]  # type: ignore[index]
         return train, f"{dataset}: {train:,} training rows (STanHop month split of {rows:,} rows)"
@@ -453,7 +456,7 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
         train, where = _train_rows(dataset, protocol, config.max_rows)
         windows = train - in_len - horizon + 1
         per_epoch = _epoch_steps(windows, batch, config.max_train_batches)
-        series = SERIES_COLUMNS[dataset]
+        series = _series_columns(dataset)
         note = (
             f"stanhop {dataset} T{in_len}→{horizon}: {where}, {windows:,} windows, {per_epoch} "
             f"steps per epoch at batch {batch}, at most {config.epochs} epochs (early stopping "
@@ -496,7 +499,7 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
     jobs = []
     for dataset in config.datasets:
         train, where = _train_rows(dataset, "ratio", config.max_rows)
-        columns = SERIES_COLUMNS[dataset]
+        columns = _series_columns(dataset)
         inputs = 1 if config.features == "S" else columns
         targets = columns if config.features == "M" else 1
         for horizon in config.horizons:
@@ -530,17 +533,6 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
 
 
 # --- MIL ----------------------------------------------------------------------------------------
-
-#: ``name -> (features, largest bag, positive bags, negative bags)`` of the MIL benchmarks (the
-#: files in the project's shared data).
-MIL_SHAPES: dict[str, tuple[int, int, int, int]] = {
-    "elephant": (230, 13, 100, 100),
-    "fox": (230, 13, 100, 100),
-    "tiger": (230, 13, 100, 100),
-    "musk1": (166, 40, 47, 45),
-    "ucsb": (708, 40, 26, 32),
-}
-
 
 def _bag_batch(bag: int, features: int) -> Callable[[int, torch.device], Batch]:
     """Bags ``(n, S, F)``, no padding mask (all bags of the batch padded to ``S``), labels."""
@@ -588,7 +580,7 @@ def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
     :func:`~hopfield.experiments.mil_benchmark.split_folds` on the data sets' label counts."""
     import numpy as np
 
-    from hopfield.data.mil import MIL_DATASETS
+    from hopfield.data.mil import MIL_DATASETS, MIL_SHAPES
     from hopfield.experiments.mil_benchmark import sample_trials, split_folds
 
     dropout = max(config.dropouts)
