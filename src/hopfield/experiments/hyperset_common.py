@@ -1,8 +1,8 @@
 """Training helpers shared by the Hyper-SET experiments (no experiment is registered here).
 
-:func:`train_model` runs epochs of mini-batch training with gradient clipping and a per-epoch
-learning rate, saving a checkpoint (model, optimiser, history) after every epoch in the run's
-folder, so a stopped run resumes at its last finished epoch. :func:`trajectory_statistics`
+:func:`train_model` trains one model through :class:`hopfield.training.Trainer` (several
+processes, a per-epoch learning rate, a checkpoint with the RNG states after every epoch, so a
+stopped run resumes to the result of an uninterrupted one). :func:`trajectory_statistics`
 computes the Fig. 5/6 read-outs (energies, effective rank, average angle, step sizes) along the
 iterations of a Hyper-SET encoder.
 """
@@ -25,8 +25,10 @@ from hopfield.nn.hyperset_energy import average_angle, effective_rank
 
 __all__ = [
     "cosine_lr",
+    "device_of",
     "fraction_non_increasing",
     "linear_slope",
+    "save_runs",
     "threads_limited",
     "train_model",
     "trajectory_statistics",
@@ -60,81 +62,113 @@ def train_model(
     ctx: RunContext,
     tag: str,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    collate: Callable[[Tensor], Any],
+    loss_fn: Callable[[nn.Module, Any], Tensor],
     *,
     size: int,
     batch_size: int,
     epochs: int,
-    loss_fn: Callable[[Tensor], Tensor],
     lr_at: Callable[[int], float],
     seed: int,
+    optimizer: str = "adamw",
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
     grad_clip: float | None = None,
-    evaluate: Callable[[], dict[str, float]] | None = None,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     eval_every: int = 0,
+    identity: Any = None,
 ) -> dict[str, Any]:
-    """Train ``model`` for ``epochs`` epochs, resuming from ``ctx.out_dir/<tag>.pt``.
+    """Train ``model`` for ``epochs`` epochs with :class:`hopfield.training.Trainer` in the
+    folder ``ctx.out_dir/runs/<tag>/`` (log, a checkpoint after every epoch, ``run.json``).
+
+    The run trains on several processes under ``torchrun`` (``batch_size`` is the global batch),
+    resumes from its newest checkpoint when ``run.json`` records the same ``identity`` (what
+    defines the run: settings, JSON-serialisable), and returns at once where it had finished.
+    Each epoch is a permutation of the training set drawn from ``seed`` cut into full global
+    batches (the incomplete last batch is dropped). Randomness (augmentation, masks) belongs in
+    ``collate`` and must come from the global torch RNG, which the checkpoints hold.
 
     Args:
-        size: number of training examples; ``loss_fn(indices)`` gets a long tensor of indices
-            into the training set and returns the scalar loss of that batch.
-        lr_at: learning rate of an epoch (set at its start).
-        seed: the shuffling of epoch e uses ``seed + e`` (so a resumed run is identical).
-        evaluate: called every ``eval_every`` epochs (and after the last); its metrics are
-            appended to the history.
+        collate: ``collate(indices (b,) long) -> batch`` of CPU tensors for the micro-batch of
+            training-set ``indices`` (moved to the model's device by the Trainer).
+        loss_fn: ``loss_fn(model, batch) -> scalar``; it must call the ``model`` it is given
+            (under several processes the DDP wrapper that averages the gradients).
+        size: number of training examples.
+        lr_at: learning rate of a 0-based epoch.
+        optimizer, betas, weight_decay: Adam (coupled weight decay) or AdamW; weight decay
+            applies to weights and normalisation gains, not to biases.
+        evaluate: ``evaluate(model) -> metrics`` every ``eval_every`` epochs and after the last
+            (the same numbers on every process).
 
     Returns:
-        ``{"epochs": [{"epoch", "loss", "lr", "seconds", **eval}], "train_seconds": float}``.
+        ``{"epochs": [{"epoch", "loss", "lr", **eval}], "train_seconds", "steps", "finished",
+        "resumed_from", "processes"}`` (``train_seconds``: the wall time of this call's
+        training, so only the part after the resume for a resumed run).
     """
-    path = ctx.path(f"{tag}.pt")
-    history: dict[str, Any] = {"epochs": [], "train_seconds": 0.0}
-    start = 0
-    if path.is_file():
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        history = state["history"]
-        start = len(history["epochs"])
-    for epoch in ctx.track(range(start, epochs), total=epochs - start, desc=tag):
-        lr = lr_at(epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        model.train()
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
-        t0 = time.perf_counter()
-        total, count = 0.0, 0
-        for first in range(0, size, batch_size):
-            batch = order[first : first + batch_size]
-            loss = loss_fn(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-        seconds = time.perf_counter() - t0
-        record: dict[str, Any] = {
-            "epoch": epoch + 1,
-            "loss": total / max(count, 1),
-            "lr": lr,
-            "seconds": seconds,
-        }
-        history["train_seconds"] += seconds
-        if evaluate is not None and (
-            (eval_every and (epoch + 1) % eval_every == 0) or epoch + 1 == epochs
-        ):
-            model.eval()
-            with torch.no_grad():
-                record.update(evaluate())
-        history["epochs"].append(record)
-        tmp = path.with_suffix(".tmp")
-        torch.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history},
-            tmp,
-        )
-        tmp.replace(path)
-    model.eval()
-    return history
+    from hopfield.experiments.outliers_tasks import same_run
+    from hopfield.training import Trainer, steps_per_epoch
+
+    per_epoch = steps_per_epoch(size, batch_size)
+    if per_epoch < 1:
+        raise ValueError(f"batch_size: {batch_size} exceeds the {size} training examples")
+    lr = lr_at(0) or 1.0
+    config = ctx.training_config(
+        epochs=epochs,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        lr=lr,
+        betas=betas,
+        weight_decay=weight_decay,
+        decay_norm_weights=True,
+        grad_clip=grad_clip,
+        seed=seed,
+        log_every="epoch",
+        eval_every=eval_every * per_epoch,
+        checkpoint_every="epoch",
+    )
+    folder = f"runs/{tag}"
+    state = same_run(ctx, f"{folder}/run.json", {"identity": identity, "size": size})
+    trainer = Trainer(
+        model,
+        range(size),
+        loss_fn,
+        config,
+        ctx.path(folder),
+        collate_fn=lambda indices: collate(torch.as_tensor(indices, dtype=torch.long)),
+        evaluate=evaluate,
+        schedule=lambda step: lr_at(step // per_epoch) / lr,
+        progress=ctx.progress,
+    )
+    start = time.perf_counter()
+    try:
+        result = trainer.fit(resume=state == "same")
+    finally:
+        trainer.close()
+    model.eval()  # on the accelerator's device: evaluations move their inputs there (device_of)
+    epochs_log = [
+        {"epoch": r["step"] // per_epoch, "loss": r["loss"], "lr": r["lr"], **r.get("eval", {})}
+        for r in result.log
+    ]
+    return {
+        "epochs": epochs_log,
+        "train_seconds": time.perf_counter() - start,
+        "steps": result.step,
+        "finished": result.finished,
+        "resumed_from": result.resumed_from,
+        "processes": result.processes,
+    }
+
+
+def save_runs(ctx: RunContext, results: dict[str, dict[str, Any]]) -> None:
+    """Write ``runs.json``: per model its parameters, optimiser steps, whether it finished and
+    how many processes trained it (the main process writes)."""
+    keys = ("params", "steps", "finished", "processes")
+    ctx.save_json("runs.json", {name: {k: r[k] for k in keys} for name, r in results.items()})
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (after training: the accelerator's device)."""
+    return next(model.parameters()).device
 
 
 @torch.no_grad()

@@ -16,17 +16,22 @@ Fashion-MNIST (Debian package ``dataset-fashion-mnist``) and CIFAR-10 when prese
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from hopfield.data.images import load_image_dataset
+from hopfield.data import DataNotFoundError
+from hopfield.data.images import load_image_dataset, stand_in_images
 from hopfield.experiments.hyperset_common import (
     cosine_lr,
+    device_of,
     energy_trend_metrics,
+    save_runs,
     threads_limited,
     train_model,
     trajectory_statistics,
@@ -126,6 +131,31 @@ PRESETS = {
 }  # fmt: skip
 
 
+#: Images per split of the stand-ins (``--stand-in-data``) of an absent dataset.
+STAND_IN_COUNTS = {"train": 1024, "test": 256}
+
+
+def _split(name: str, split: str, ctx: RunContext) -> tuple[Tensor, Tensor]:
+    """Images ``(N, C, H, W)`` and labels of a split; with ``--stand-in-data``, random images of
+    the dataset's shape where it is absent (:func:`hopfield.data.images.stand_in_images`)."""
+    try:
+        return load_image_dataset(name, split, ctx.data_dir)
+    except DataNotFoundError:
+        if not ctx.stand_in_data:
+            raise
+    stand_in = stand_in_images(name, split, count=STAND_IN_COUNTS[split])
+    images, labels = zip(*(stand_in[i] for i in range(len(stand_in))), strict=True)
+    return torch.stack(images), torch.stack(labels)
+
+
+def _absent(config: Config, ctx: RunContext) -> bool:
+    try:
+        load_image_dataset(config.dataset, "test", ctx.data_dir)
+    except DataNotFoundError:
+        return True
+    return False
+
+
 def _data(config: Config, ctx: RunContext) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if config.split_test_for_train:
         images, labels = load_image_dataset(config.dataset, "test", ctx.data_dir)
@@ -133,8 +163,8 @@ def _data(config: Config, ctx: RunContext) -> tuple[Tensor, Tensor, Tensor, Tens
         test, train = order[: config.holdout], order[config.holdout :]
         x_train, y_train, x_test, y_test = images[train], labels[train], images[test], labels[test]
     else:
-        x_train, y_train = load_image_dataset(config.dataset, "train", ctx.data_dir)
-        x_test, y_test = load_image_dataset(config.dataset, "test", ctx.data_dir)
+        x_train, y_train = _split(config.dataset, "train", ctx)
+        x_test, y_test = _split(config.dataset, "test", ctx)
     if config.train_size:
         x_train, y_train = x_train[: config.train_size], y_train[: config.train_size]
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
@@ -142,8 +172,11 @@ def _data(config: Config, ctx: RunContext) -> tuple[Tensor, Tensor, Tensor, Tens
     return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test
 
 
-def augment(images: Tensor, padding: int, flip: bool, generator: torch.Generator) -> Tensor:
-    """Random crop after zero padding (per image) and optional horizontal flip."""
+def augment(
+    images: Tensor, padding: int, flip: bool, generator: torch.Generator | None = None
+) -> Tensor:
+    """Random crop after zero padding (per image) and optional horizontal flip (randomness from
+    ``generator``, default the global torch RNG)."""
     if padding:
         b, _, h, w = images.shape
         padded = F.pad(images, (padding,) * 4)
@@ -157,6 +190,21 @@ def augment(images: Tensor, padding: int, flip: bool, generator: torch.Generator
         mask = torch.rand(images.shape[0], generator=generator) < 0.5
         images = torch.where(mask[:, None, None, None], images.flip(-1), images)
     return images
+
+
+def _augmented(
+    images: Tensor, labels: Tensor, config: Config, indices: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The training micro-batch of ``indices``: augmented images and their labels."""
+    return augment(images[indices], config.crop_padding, config.flip), labels[indices]
+
+
+def _loss(config: Config) -> Callable[[nn.Module, tuple[Tensor, Tensor]], Tensor]:
+    def loss_fn(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        images, labels = batch
+        return F.cross_entropy(model(images), labels, label_smoothing=config.label_smoothing)
+
+    return loss_fn
 
 
 def build(
@@ -200,11 +248,12 @@ def build(
 def accuracy(model: ImageClassifier, images: Tensor, labels: Tensor, batch_size: int) -> float:
     """Top-1 accuracy (%)."""
     model.eval()
+    device = device_of(model)
     correct = 0
     for first in range(0, len(images), batch_size):
-        logits = model(images[first : first + batch_size])
+        logits = model(images[first : first + batch_size].to(device))
         assert isinstance(logits, Tensor)
-        correct += int((logits.argmax(-1) == labels[first : first + batch_size]).sum())
+        correct += int((logits.argmax(-1).cpu() == labels[first : first + batch_size]).sum())
     return 100.0 * correct / len(images)
 
 
@@ -232,22 +281,12 @@ def _run(config: Config, ctx: RunContext) -> Results:
     for index, name in enumerate(_model_names(config)):
         torch.manual_seed(config.seed * 1000 + index)
         model = build(config, name, size, channels, num_classes)
-        optimizer = torch.optim.Adam(
-            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
-        generator = torch.Generator().manual_seed(config.seed + index)
-
-        def loss_fn(
-            batch: Tensor, model: ImageClassifier = model, generator: torch.Generator = generator
-        ) -> Tensor:
-            images = augment(x_train[batch], config.crop_padding, config.flip, generator)
-            logits = model(images)
-            assert isinstance(logits, Tensor)
-            return F.cross_entropy(logits, y_train[batch], label_smoothing=config.label_smoothing)
 
         history = train_model(
-            ctx, name, model, optimizer, size=len(x_train), batch_size=config.batch_size,
-            epochs=config.epochs, loss_fn=loss_fn, seed=config.seed * 7919 + index,
+            ctx, name, model, partial(_augmented, x_train, y_train, config), _loss(config),
+            size=len(x_train), batch_size=config.batch_size,
+            epochs=config.epochs, seed=config.seed * 7919 + index, optimizer="adam",
+            weight_decay=config.weight_decay, identity=[asdict(config), name],
             lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, config.min_lr,
                                       config.warmup_epochs),
         )  # fmt: skip
@@ -255,13 +294,21 @@ def _run(config: Config, ctx: RunContext) -> Results:
             "params": count_parameters(model),
             "accuracy": accuracy(model, x_test, y_test, config.eval_batch_size),
             "seconds": history["train_seconds"],
+            "steps": history["steps"],
+            "finished": history["finished"],
+            "processes": history["processes"],
         }
         if name == "hyperset":
             assert isinstance(model.encoder, HyperSETEncoder)
             with torch.no_grad():
-                x0 = model.embed(x_test[: config.analysis_size])
+                x0 = model.embed(x_test[: config.analysis_size].to(device_of(model)))
             analysis = trajectory_statistics(model.encoder, x0, config.iterations)
-    return _report(config, results, analysis)
+    save_runs(ctx, results)
+    report = _report(config, results, analysis)
+    if ctx.stand_in_data and config.dataset not in ("digits",) and _absent(config, ctx):
+        report.notes.insert(0, f"STAND-IN random images in place of {config.dataset}, which is "
+                            "absent; the numbers mean nothing.")  # fmt: skip
+    return report
 
 
 def _row(results: dict[str, dict[str, Any]], name: str) -> list[Any]:

@@ -12,15 +12,22 @@ accuracy and PSNR of one-shot reconstructions at 40 % masking.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hopfield.data import DataNotFoundError
 from hopfield.data.images import load_image_dataset
-from hopfield.experiments.hyperset_common import threads_limited, train_model
+from hopfield.experiments.hyperset_common import (
+    device_of,
+    save_runs,
+    threads_limited,
+    train_model,
+)
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.hyperset import (
@@ -107,8 +114,11 @@ def decode(codes: Tensor, centroids: Tensor, grid: int, channels: int, size: int
     return patches.permute(0, 3, 1, 4, 2, 5).reshape(-1, channels, size, size)
 
 
-def random_mask(shape: tuple[int, int], max_ratio: float, generator: torch.Generator) -> Tensor:
-    """Boolean mask ``(B, S)``: per row ``round(r·S)`` random positions, ``r ~ U[0, max_ratio]``."""
+def random_mask(
+    shape: tuple[int, int], max_ratio: float, generator: torch.Generator | None = None
+) -> Tensor:
+    """Boolean mask ``(B, S)``: per row ``round(r·S)`` random positions, ``r ~ U[0, max_ratio]``
+    (randomness from ``generator``, default the global torch RNG)."""
     b, s = shape
     counts = torch.round(torch.rand(b, generator=generator) * max_ratio * s).long()
     ranks = torch.rand(b, s, generator=generator).argsort(dim=1).argsort(dim=1)
@@ -126,6 +136,19 @@ def psnr(a: Tensor, b: Tensor) -> float:
     """Mean PSNR (dB) of images in [0, 1]."""
     mse = (a - b).square().flatten(1).mean(dim=1).clamp_min(1e-10)
     return float((10 * torch.log10(1.0 / mse)).mean())
+
+
+def _masked(codes: Tensor, mask_id: int, max_ratio: float, rows: Tensor) -> tuple[Tensor, ...]:
+    """The training micro-batch of ``rows``: inputs with random positions replaced by
+    ``mask_id`` (:func:`random_mask` from the global RNG), the codes and the mask."""
+    target = codes[rows]
+    masked = random_mask((target.shape[0], target.shape[1]), max_ratio)
+    return torch.where(masked, mask_id, target), target, masked
+
+
+def _loss(model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
+    inputs, target, masked = batch
+    return masked_token_loss(model(inputs), target, masked)
 
 
 def build(config: Config, name: str) -> MaskedTokenModel:
@@ -153,73 +176,108 @@ def run(config: Config, ctx: RunContext) -> Results:
         return _run(config, ctx)
 
 
-def _run(config: Config, ctx: RunContext) -> Results:
+#: Training and test images of the stand-in codes (``--stand-in-data``, the paper preset).
+STAND_IN_IMAGES = (1024, 8)
+
+
+@dataclass
+class _Tokens:
+    """Code sequences ``(n, grid²)`` to train and test on; ``reconstruct(codes) -> (PSNR vs
+    the images, PSNR vs the tokenized images)`` where images exist (``None`` for stand-ins)."""
+
+    train: Tensor
+    test: Tensor
+    reconstruct: Callable[[Tensor], tuple[float, float]] | None
+    notes: list[str]
+    metrics: dict[str, float]
+
+
+def _stand_in_tokens(config: Config, missing: DataNotFoundError) -> _Tokens:
+    generator = torch.Generator().manual_seed(config.seed)
+    train, test = (
+        torch.randint(config.codebook_size, (n, config.grid**2), generator=generator)
+        for n in STAND_IN_IMAGES
+    )
+    note = (
+        f"STAND-IN random codes in place of the tokenized images ({missing}); numbers mean nothing."
+    )
+    return _Tokens(train, test, None, [note], {})
+
+
+def _tokens(config: Config, ctx: RunContext) -> _Tokens:
+    """k-means patch codes of ``config.dataset``'s images (or stand-ins, see the module)."""
     if config.dataset == "imagenet100":
-        raise DataNotFoundError(
+        missing = DataNotFoundError(
             "the paper's MIM needs ImageNet-100 and the pretrained MaskGIT VQGAN tokenizer "
             "(https://github.com/valeoai/Maskgit-pytorch); neither is available offline. Run "
             "the toy version with the tiny or small preset."
         )
+        if ctx.stand_in_data:
+            return _stand_in_tokens(config, missing)
+        raise missing
     x_train, _ = load_image_dataset(config.dataset, "train", ctx.data_dir)
     x_test, _ = load_image_dataset(config.dataset, "test", ctx.data_dir)
     _, channels, size, _ = x_train.shape
-    generator = torch.Generator().manual_seed(config.seed)
     patches = patchify(x_train, config.grid)
     centroids = kmeans(
         patches.reshape(-1, patches.shape[-1]),
         config.codebook_size,
         config.kmeans_iterations,
-        generator,
+        torch.Generator().manual_seed(config.seed),
     )
-    train_codes = tokenize(x_train, centroids, config.grid)
     test_codes = tokenize(x_test, centroids, config.grid)
     tokenized = decode(test_codes, centroids, config.grid, channels, size)
+
+    def reconstruct(codes: Tensor) -> tuple[float, float]:
+        recon = decode(codes, centroids, config.grid, channels, size)
+        return psnr(recon, x_test), psnr(recon, tokenized)
+
+    tokenizer_psnr = psnr(tokenized, x_test)
+    note = f"Tokenizer-only PSNR (decode of the true codes): {tokenizer_psnr:.2f} dB."
+    return _Tokens(
+        tokenize(x_train, centroids, config.grid),
+        test_codes,
+        reconstruct,
+        [note],
+        {"tokenizer_psnr": tokenizer_psnr},
+    )
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
+    tokens = _tokens(config, ctx)
+    train_codes, test_codes = tokens.train, tokens.test
     eval_mask = fixed_mask(
-        (test_codes.shape[0], test_codes.shape[1]), config.eval_mask_ratio, generator
+        (test_codes.shape[0], test_codes.shape[1]),
+        config.eval_mask_ratio,
+        torch.Generator().manual_seed(config.seed + 1),
     )
     rows: list[list[Any]] = []
-    metrics = {"tokenizer_psnr": psnr(tokenized, x_test)}
+    metrics = dict(tokens.metrics)
+    runs: dict[str, dict[str, Any]] = {}
     for index, name in enumerate(config.models):
         torch.manual_seed(config.seed * 1000 + index)
         model = build(config, name)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
-        )
-        mask_gen = torch.Generator().manual_seed(config.seed + 17 * index)
-
-        def loss_fn(
-            batch: Tensor, model: MaskedTokenModel = model, mask_gen: torch.Generator = mask_gen
-        ) -> Tensor:
-            codes = train_codes[batch]
-            masked = random_mask((codes.shape[0], codes.shape[1]), config.max_mask_ratio, mask_gen)
-            logits = model(torch.where(masked, model.mask_id, codes))
-            return masked_token_loss(logits, codes, masked)
-
         history = train_model(
-            ctx,
-            name,
-            model,
-            optimizer,
-            size=len(train_codes),
-            batch_size=config.batch_size,
-            epochs=config.epochs,
-            loss_fn=loss_fn,
-            lr_at=lambda e: config.lr,
-            seed=config.seed * 7919 + index,
-            grad_clip=config.grad_clip,
-        )
+            ctx, name, model, partial(_masked, train_codes, model.mask_id, config.max_mask_ratio),
+            _loss, size=len(train_codes), batch_size=config.batch_size, epochs=config.epochs,
+            lr_at=lambda e: config.lr, seed=config.seed * 7919 + index, betas=(0.9, 0.95),
+            weight_decay=config.weight_decay, grad_clip=config.grad_clip,
+            identity=[asdict(config), name, ctx.stand_in_data],
+        )  # fmt: skip
+        runs[name] = {"params": count_parameters(model), **history}
         with torch.no_grad():
-            logits = model(torch.where(eval_mask, model.mask_id, test_codes))
-            predicted = torch.where(eval_mask, logits.argmax(-1), test_codes)
+            inputs = torch.where(eval_mask, model.mask_id, test_codes).to(device_of(model))
+            predicted = torch.where(eval_mask, model(inputs).cpu().argmax(-1), test_codes)
         accuracy = 100.0 * float((predicted == test_codes)[eval_mask].float().mean())
-        recon = decode(predicted, centroids, config.grid, channels, size)
-        score = psnr(recon, x_test)
+        scores = tokens.reconstruct(predicted) if tokens.reconstruct else (None, None)
         rows.append([
-            name, count_parameters(model), accuracy, score, psnr(recon, tokenized),
+            name, count_parameters(model), accuracy, *scores,
             round(history["train_seconds"], 1), *PAPER_TABLE2[name][:2],
         ])  # fmt: skip
         metrics[f"{name}_masked_accuracy"] = accuracy
-        metrics[f"{name}_psnr"] = score
+        if scores[0] is not None:
+            metrics[f"{name}_psnr"] = scores[0]
+    save_runs(ctx, runs)
     table = Table(
         "Toy masked token modelling (Table 2 layout; NOT the paper's setting)",
         [
@@ -242,7 +300,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
         "The paper's MIM numbers (Table 2, Tables 15-17) are not reproduced: ImageNet-100 and the "
         "pretrained VQGAN tokenizer are unavailable offline. This toy run exercises the same "
         "model, masking and loss; its numbers are not comparable with the paper's.",
-        f"Tokenizer-only PSNR (decode of the true codes): {metrics['tokenizer_psnr']:.2f} dB.",
+        *tokens.notes,
     ]
     return Results(tables=[table], metrics=metrics, notes=notes)
 
