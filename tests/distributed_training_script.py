@@ -78,6 +78,9 @@ def main(out: Path, micro_batch: int, until_step: int | None) -> None:
             "first_draws": first_draws,
         }
         (out / "result.json").write_text(json.dumps(summary))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

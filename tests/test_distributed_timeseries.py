@@ -68,7 +68,9 @@ def test_tiny_timeseries_follows_one_process(tmp_path: Path) -> None:
     metrics = record["results"]["metrics"]
     assert metrics.keys() == single["results"]["metrics"].keys()
     for key, value in single["results"]["metrics"].items():
-        assert metrics[key] == pytest.approx(value, rel=1e-5), key
+        # random features are redrawn in every forward pass from each process's own RNG stream
+        # (processes draw different ones), so that model only agrees to the draw's noise
+        assert metrics[key] == pytest.approx(value, rel=1e-3 if "random" in key else 1e-5), key
     again = run_distributed(name, "tiny", tmp_path / "two")
     assert again["results"]["metrics"] == metrics
     assert _runs(tmp_path / "two", name) == runs  # nothing trained again

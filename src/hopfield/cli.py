@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process_layout()[0] == 0:
             print(f"results: {path}")
             print(f"report:  {build_report(path.parent)}")
+        _leave_process_group()
         return 0
     if args.command == "reproduce":
         paths, skipped = reproduce(
@@ -195,6 +196,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "plan":
         return _plan_command(args, argv)
     raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group of a multi-process run before the interpreter exits (gloo's
+    threads torn down at exit can abort the process after its work is done)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
