@@ -15,7 +15,6 @@ success) is priced at its longest schedule, and the notes say so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.plan import DataNeed, TrainingJob
+from hopfield.training import steps_per_epoch
 
 __all__ = [
     "JOBS",
@@ -439,7 +439,7 @@ def _series_needs(dataset: str) -> tuple[DataNeed, ...]:
 
 
 def _epoch_steps(windows: int, batch: int, cap: int | None) -> int:
-    steps = math.ceil(windows / batch)  # the last, smaller batch trains too
+    steps = steps_per_epoch(windows, batch)  # the Trainer drops the incomplete last batch
     return min(steps, cap) if cap else steps
 
 
@@ -596,7 +596,7 @@ def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
             for fold, (train, _, _) in enumerate(folds):
                 for trial in sample_trials(config, seed, fold):
                     key = (trial["width"], trial["heads"], trial["batch_size"])
-                    steps = config.epochs * math.ceil(len(train) / trial["batch_size"])
+                    steps = config.epochs * steps_per_epoch(len(train), trial["batch_size"])
                     combos.setdefault(key, []).append(steps)
         note = (
             f"mil-benchmark {dataset}: {positive + negative} bags ({features} features), "
@@ -635,7 +635,7 @@ def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
 
 def mil_bit_pattern_jobs(config: Any) -> list[TrainingJob]:
     """Every (bag size, method) of ``mil-bit-pattern``; runs = seeds."""
-    per_epoch = math.ceil(config.train_bags / config.batch_size)
+    per_epoch = steps_per_epoch(config.train_bags, config.batch_size)
     options = {
         "embedding_size": config.embedding_size,
         "num_heads": config.num_heads,
@@ -671,7 +671,7 @@ def mil_mnist_bags_jobs(config: Any) -> list[TrainingJob]:
 
     features = 784 if config.source == "mnist" else 64
     bags = 2 * config.train_pairs
-    per_epoch = math.ceil(bags / config.batch_size)
+    per_epoch = steps_per_epoch(bags, config.batch_size)
     data = (
         tuple(DataNeed.of(f) for f in image_files("mnist", "test"))
         if config.source == "mnist"
@@ -744,11 +744,11 @@ def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
         data = _image_needs(config.dataset)
     if config.train_size:
         images = min(images, config.train_size)
-    per_epoch = math.ceil(images / config.batch_size)
+    per_epoch = steps_per_epoch(images, config.batch_size)
     paper_arch = _same_fields(config, PRESETS["paper"], _IMAGE_ARCH)
     note = (
         f"hyperset-images {config.dataset}: {images:,} training images, {per_epoch} steps per "
-        f"epoch (the last batch smaller), {config.epochs} epochs; {config.iterations} iterations "
+        f"epoch (the incomplete last batch dropped), {config.epochs} epochs; {config.iterations} iterations "
         "of one shared layer."
     )
 
@@ -799,14 +799,14 @@ def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
         data = (DataNeed.of(RRN_FILES["train"]), DataNeed.of(RRN_FILES["test"]))
     elif config.dataset == "satnet":
         data = tuple(DataNeed.of(f) for f in SATNET_FILES.values())
-    per_epoch = math.ceil(puzzles / config.batch_size)
+    per_epoch = steps_per_epoch(puzzles, config.batch_size)
     paper_arch = _same_fields(
         config, PRESETS["paper"], ("d_model", "num_heads", "ff_ratio", "time_frequency")
     )
     labels = {"hyperset": "5.20M", "transformer": "7.16M"}
     note = (
         f"hyperset-sudoku {config.dataset}: {puzzles:,} training puzzles, {per_epoch} steps per "
-        f"epoch (the last batch smaller), {config.epochs} epochs; {config.iterations} iterations "
+        f"epoch (the incomplete last batch dropped), {config.epochs} epochs; {config.iterations} iterations "
         "of one shared layer."
     )
 
@@ -859,7 +859,7 @@ def hyperset_mim_jobs(config: Any) -> list[TrainingJob]:
     images = IMAGENET100_TRAIN_IMAGES if paper else _image_shape(config.dataset)[3]["train"]
     if config.dataset == "digits":
         images = DIGITS_TRAIN_SIZE
-    per_epoch = math.ceil(images / config.batch_size)
+    per_epoch = steps_per_epoch(images, config.batch_size)
     tokens = config.grid**2
     masked = max(1, round(MEAN_MASK_RATIO * config.max_mask_ratio / 0.4 * tokens))
     data: tuple[DataNeed, ...] = ()
