@@ -185,3 +185,24 @@ def test_reproduce_skips_experiments_whose_data_is_absent(tmp_path: Path, regist
     assert [p.parent.name for p in paths] == ["retrieval-demo"]
     assert "absent/file.bin" in skipped["test-needs-data"]
     assert "test-needs-data" in json.loads((tmp_path / "skipped.json").read_text())
+
+
+def test_mixed_precision_applies_to_every_training_run(tmp_path: Path) -> None:
+    """``--mixed-precision bf16`` reaches the Trainer of every run (a fresh process: accelerate
+    keeps one precision per process) and the record says so."""
+    import subprocess
+    import sys
+
+    import torch
+
+    command = [sys.executable, "-m", "hopfield.cli", "run", "convergence", "--preset", "tiny"]
+    command += ["--out", str(tmp_path), "--no-progress", "--mixed-precision", "bf16"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "convergence" / "results.json").read_text())
+    assert record["mixed_precision"] == "bf16"
+    checkpoints = list((tmp_path / "convergence").rglob("trainer.pt"))
+    assert checkpoints
+    for path in checkpoints:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        assert state["config"]["mixed_precision"] == "bf16"

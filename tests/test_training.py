@@ -313,6 +313,9 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+    # its checkpoint is not resumed at another precision
+    with pytest.raises(ValueError, match="mixed_precision='bf16'"):
+        trainer(tmp_path).fit()
 
 
 def test_epochs_evaluation_periods_and_training_metrics(tmp_path: Path) -> None:

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="examples per forward/backward pass and process (the global batch stays)",
     )
     run.add_argument(
+        "--mixed-precision",
+        choices=("no", "fp16", "bf16"),
+        default=None,
+        help="precision of every training run instead of the preset's (fp16 needs a GPU)",
+    )
+    run.add_argument(
         "--stand-in-data",
         action="store_true",
         help="train on random data of the real shapes where a dataset is absent (smoke runs)",
@@ -169,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             stop_after=args.max_steps,
             micro_batch_size=args.micro_batch_size,
+            mixed_precision=args.mixed_precision,
             stand_in_data=args.stand_in_data,
         )
         if process_layout()[0] == 0:

@@ -679,6 +679,12 @@ class Trainer:
                 f"path: checkpoint was written by {state['processes']} processes, this run has "
                 f"{self.accelerator.num_processes}; the random states per process would differ"
             )
+        precision = state["config"].get("mixed_precision", "no")
+        if precision != self.config.mixed_precision:
+            raise ValueError(
+                f"path: checkpoint was trained with mixed_precision={precision!r}, this run has "
+                f"{self.config.mixed_precision!r}; resume with the same precision"
+            )
         self.unwrapped.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

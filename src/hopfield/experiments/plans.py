@@ -391,6 +391,7 @@ def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
 
 # --- stanhop-outliers ---------------------------------------------------------------------------
 
+
 def _series_columns(dataset: str) -> int:
     """Series (columns besides ``date``) of a forecasting dataset."""
     from hopfield.data.timeseries import DATASETS, synthetic_series
@@ -398,7 +399,6 @@ def _series_columns(dataset: str) -> int:
     if dataset == "synthetic":
         return int(synthetic_series(2).shape[1])
     return DATASETS[dataset].shape[1]
-
 
 
 #: STanHop-Net parameters of OutEffHop Table 1 (ETTh1, T 168, τ 24, L 6), without the position
@@ -533,6 +533,7 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
 
 
 # --- MIL ----------------------------------------------------------------------------------------
+
 
 def _bag_batch(bag: int, features: int) -> Callable[[int, torch.device], Batch]:
     """Bags ``(n, S, F)``, no padding mask (all bags of the batch padded to ``S``), labels."""

@@ -87,6 +87,9 @@ class RunContext:
             of the full run (``hopfield run --max-steps``: smoke runs of paper presets).
         micro_batch_size: examples per forward/backward pass and process for every training run
             (``hopfield run --micro-batch-size``; the global batch and so the recipe stay).
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` for every training run in place of
+            the experiment's own setting (``hopfield run --mixed-precision``), ``None`` to keep
+            it.
         stand_in_data: where a dataset file is absent, train on random data of the real data's
             shapes instead of stopping (``hopfield run --stand-in-data``: proves a paper preset
             runs on a machine without its corpus; the numbers mean nothing). An experiment that
@@ -103,6 +106,7 @@ class RunContext:
     progress: bool = True
     stop_after: int | None = None
     micro_batch_size: int | None = None
+    mixed_precision: str | None = None
     stand_in_data: bool = False
 
     def __post_init__(self) -> None:
@@ -123,13 +127,16 @@ class RunContext:
 
     def training_config(self, **settings: Any) -> Any:
         """A :class:`hopfield.training.TrainingConfig` of ``settings`` with this run's limits
-        (``stop_after``, ``micro_batch_size``) applied; experiments build theirs with it."""
+        (``stop_after``, ``micro_batch_size``, ``mixed_precision``) applied; experiments build
+        theirs with it."""
         from hopfield.training import TrainingConfig
 
         if self.stop_after is not None:
             settings["stop_after"] = self.stop_after
         if self.micro_batch_size is not None:
             settings["micro_batch_size"] = self.micro_batch_size
+        if self.mixed_precision is not None:
+            settings["mixed_precision"] = self.mixed_precision
         return TrainingConfig(**settings)
 
     def track(self, iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:

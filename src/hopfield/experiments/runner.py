@@ -71,6 +71,7 @@ def run_experiment(
     progress: bool = True,
     stop_after: int | None = None,
     micro_batch_size: int | None = None,
+    mixed_precision: str | None = None,
     stand_in_data: bool = False,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
@@ -81,8 +82,9 @@ def run_experiment(
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
-    seed, and only the main process writes files. ``stop_after``, ``micro_batch_size`` and
-    ``stand_in_data`` apply to every training run (see :class:`RunContext`).
+    seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
+    ``mixed_precision`` and ``stand_in_data`` apply to every training run (see
+    :class:`RunContext`).
     """
     experiment: Experiment = get(name)
     config = experiment.config(preset)
@@ -98,6 +100,7 @@ def run_experiment(
         progress=progress,
         stop_after=stop_after,
         micro_batch_size=micro_batch_size,
+        mixed_precision=mixed_precision,
         stand_in_data=stand_in_data,
     )
     seed_everything(int(getattr(config, "seed", 0)))
@@ -116,6 +119,7 @@ def run_experiment(
         "started_at": started,
         "wall_time_s": time.perf_counter() - t0,
         "processes": context.processes,
+        "mixed_precision": mixed_precision,
         "limits": {
             "stop_after": stop_after,
             "micro_batch_size": micro_batch_size,
