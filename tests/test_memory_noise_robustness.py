@@ -11,8 +11,15 @@ from hopfield.experiments.runner import load_record
 def test_tiny_noise_sweep(tmp_path: Path) -> None:
     record = load_record(run_experiment("noise-robustness", "tiny", tmp_path, progress=False))
     trends, points = record["results"]["tables"]
-    assert trends["rows"][0][0].startswith("OutEffHop spec B-ii") and trends["rows"][0][3] is True
-    assert trends["rows"][1][0].startswith("OutEffHop spec B-i") and trends["rows"][1][3] is True
+    assert trends["columns"][3] == "verdict"
+    assert (
+        trends["rows"][0][0].startswith("OutEffHop spec B-ii") and trends["rows"][0][3] == "holds"
+    )
+    assert trends["rows"][1][0].startswith("OutEffHop spec B-i") and trends["rows"][1][3] == "holds"
+    verdicts = {row[3] for row in trends["rows"]}
+    assert verdicts <= {"holds", "does not hold", "inconclusive"}
+    beats = [row for row in trends["rows"] if "beats its baselines" in row[1]]
+    assert beats and all("n=3" in row[2] for row in beats)  # paired over the 3 memory sets
     sources = {row[0] for row in trends["rows"]}
     assert {"OutEffHop Fig. 6", "Nonparametric Remark 4.2 / Fig. 2"} <= sources
     columns = points["columns"]
