@@ -17,6 +17,8 @@ from hopfield.claims import compare_paired
 from hopfield.experiments.memory_capacity import (
     Point,
     RetrievalStudy,
+    all_of,
+    as_verdict,
     draw_sweep,
     energy_trend,
     identity_trend,
@@ -113,7 +115,7 @@ def noise_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
                     f"{dataset}: OutEffHop beats its baselines at the highest noise σ={high:g} "
                     f"(rel criterion, {top} steps)",
                     "; ".join(f"vs {m}: {c.describe()}" for m, c in rivals.items()),
-                    _all_of([c.verdict for c in rivals.values()]),
+                    all_of([c.verdict for c in rivals.values()]),
                 ]
             )
             drops = {
@@ -168,20 +170,6 @@ def noise_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
     return rows
 
 
-def _all_of(verdicts: Sequence[str]) -> str:
-    """The verdict of "ours beats every rival": holds only if it holds against each."""
-    if "does not hold" in verdicts:
-        return "does not hold"
-    return "holds" if verdicts and all(v == "holds" for v in verdicts) else "inconclusive"
-
-
-def _verdict(row: list[Any]) -> list[Any]:
-    """A trend row whose last cell is a check's bool, given the ledger's verdict words."""
-    if isinstance(row[3], bool):
-        return [*row[:3], "holds" if row[3] else "does not hold"]
-    return row
-
-
 def run(config: Config, ctx: RunContext) -> Results:
     """Run the noise sweep (see the module docstring)."""
     return with_threads(config.threads, lambda: _run(config, ctx))
@@ -198,8 +186,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
         "papers show these results only as figures (no numbers).",
     )
     trends = [
-        _verdict(energy_trend(rises, config.energy_tolerance)),
-        _verdict(identity_trend(points)),
+        as_verdict(energy_trend(rises, config.energy_tolerance)),
+        as_verdict(identity_trend(points)),
     ]
     trends += noise_trends(points, config)
     trend_table = Table(
