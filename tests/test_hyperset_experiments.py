@@ -38,10 +38,49 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
     ]
     assert len(trajectory["rows"]) == 4  # 2 L: extrapolated rows included
     assert all((tmp_path / "hyperset-sudoku" / f).is_file() for f in record["results"]["figures"])
-    # a second run resumes from the finished checkpoints: same numbers, no new training
+    runs = json.loads((tmp_path / "hyperset-sudoku" / "runs.json").read_text())
+    assert {r["processes"] for r in runs.values()} == {1}
+    assert [e["epoch"] for e in runs["hyperset"]["epochs"]] == [1]  # the Fig. 3a curve
+    # run again, and with fewer models: the finished runs' records are reused (nothing trains,
+    # so even the training times are the recorded ones)
     again = run_experiment("hyperset-sudoku", "tiny", tmp_path, progress=False)
     _, second = _tables(again)
     assert second["results"]["metrics"] == metrics
+    run_experiment(
+        "hyperset-sudoku", "tiny", tmp_path, progress=False, overrides={"ablations": "[]"}
+    )
+    assert json.loads((tmp_path / "hyperset-sudoku" / "runs.json").read_text()) == runs
+
+
+#: The tiny image preset with one model (Hyper-SET: 2 steps of 64 images).
+ONE_MODEL = {"models": '["hyperset"]', "ablations": "[]", "layer_splits": "[]", "lora_ranks": "[]"}
+
+
+def _images(out: Path, stop_after: int | None = None, **changes: str) -> tuple[dict, dict]:
+    """The metrics and the Hyper-SET run record of a one-model tiny ``hyperset-images`` run."""
+    path = run_experiment("hyperset-images", "tiny", out, progress=False, stop_after=stop_after,
+                          overrides={**ONE_MODEL, **changes})  # fmt: skip
+    runs = json.loads((path.parent / "runs.json").read_text())
+    return json.loads(path.read_text())["results"]["metrics"], runs["hyperset"]
+
+
+def test_images_resume_through_trainer_checkpoints(tmp_path: Path) -> None:
+    """A run stopped after a step resumes from its Trainer checkpoint (with the RNG states of the
+    augmentation) to the numbers of an uninterrupted run; a run with other settings starts over."""
+    full, record = _images(tmp_path / "full")
+    assert (record["steps"], record["finished"], record["processes"]) == (2, True, 1)
+    _, stopped = _images(tmp_path / "out", stop_after=1)
+    assert (stopped["steps"], stopped["finished"]) == (1, False)
+    checkpoints = tmp_path / "out" / "hyperset-images" / "runs" / "hyperset" / "checkpoints"
+    assert (checkpoints / "step-1" / "rng-0.pt").is_file()
+    resumed, record = _images(tmp_path / "out")
+    assert (record["resumed_from"], record["finished"]) == (1, True) and resumed == full
+    assert not checkpoints.exists()  # a finished run keeps its record, not its checkpoints
+    _images(tmp_path / "changed", stop_after=1)
+    changed, record = _images(tmp_path / "changed", lr="0.003")  # not from the lr 1e-3 step
+    assert record["resumed_from"] is None
+    fresh, _ = _images(tmp_path / "fresh", lr="0.003")
+    assert changed == fresh != full
 
 
 def test_images_tiny_runs(tmp_path: Path) -> None:

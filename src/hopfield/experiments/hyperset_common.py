@@ -1,36 +1,45 @@
 """Training helpers shared by the Hyper-SET experiments (no experiment is registered here).
 
 :func:`train_model` trains one model through :class:`hopfield.training.Trainer` (several
-processes, a per-epoch learning rate, a checkpoint with the RNG states after every epoch, so a
-stopped run resumes to the result of an uninterrupted one). :func:`trajectory_statistics`
-computes the Fig. 5/6 read-outs (energies, effective rank, average angle, step sizes) along the
-iterations of a Hyper-SET encoder.
+processes, the preset's batch as the global batch, a per-epoch learning rate as a ``schedule``
+callable, a checkpoint with every process's RNG states after every epoch, so a stopped run
+resumes to the result of an uninterrupted one). :func:`train_or_reuse` keeps the books of a list
+of models with the helpers of :mod:`hopfield.experiments.forecasting_common`: each model trains
+in ``out_dir/runs/<model>/``, whose checkpoints are resumed only for the same run, and its record
+in ``runs.json`` (what the report needs, the process count, the step limit) is reused instead of
+training again. :func:`trajectory_statistics` computes the Fig. 5/6 read-outs (energies,
+effective rank, average angle, step sizes) along the iterations of a Hyper-SET encoder.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from hopfield.experiments.forecasting_common import EpochClock, reusable, save_run
+from hopfield.experiments.outliers_tasks import same_run
 from hopfield.experiments.results import RunContext, Table
 from hopfield.nn.hyperset import HyperSETEncoder
 from hopfield.nn.hyperset_energy import average_angle, effective_rank
+from hopfield.training import Trainer, steps_per_epoch
 
 __all__ = [
     "cosine_lr",
     "device_of",
     "fraction_non_increasing",
     "linear_slope",
-    "save_runs",
+    "run_folder",
+    "run_identity",
     "threads_limited",
     "train_model",
+    "train_or_reuse",
     "trajectory_statistics",
 ]
 
@@ -58,9 +67,51 @@ def cosine_lr(epoch: int, epochs: int, peak: float, floor: float, warmup: int = 
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * (epoch - warmup) / span))
 
 
+def run_identity(config: Any, loops: Sequence[str], ctx: RunContext, **run: Any) -> dict[str, Any]:
+    """What defines one model's run: the fields of the dataclass ``config`` but the outer
+    ``loops`` (which models to train, thread counts), the precision, and ``run`` (the model's
+    name, its index, where the data come from). Adding a model to a preset therefore reuses the
+    runs of the others."""
+    fields = {k: v for k, v in asdict(config).items() if k not in loops}
+    return {"config": fields, "mixed_precision": ctx.mixed_precision or "no", **run}
+
+
+def run_folder(name: str) -> str:
+    """The folder of model ``name``'s run below ``out_dir`` (log, checkpoints, ``run.json``)."""
+    return f"runs/{name}"
+
+
+def train_or_reuse(
+    ctx: RunContext,
+    names: Sequence[str],
+    identity_of: Callable[[int, str], dict[str, Any]],
+    train: Callable[[int, str, dict[str, Any]], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """The records of the models ``names``, in order.
+
+    A record is reused from ``runs.json`` where the same run (``identity_of(index, name)``)
+    was made under this invocation's step limit
+    (:func:`~hopfield.experiments.forecasting_common.reusable`); otherwise ``train(index, name,
+    identity)`` returns it (with ``finished``) and the main process saves it in ``runs.json``
+    (:func:`~hopfield.experiments.forecasting_common.save_run`, which deletes a finished run's
+    checkpoints). Every process must call it alike.
+    """
+    runs: dict[str, Any] = ctx.load_json("runs.json") or {}
+    for index, name in enumerate(names):
+        identity = identity_of(index, name)
+        if reusable(runs.get(name), identity, ctx):
+            continue
+        record = train(index, name, identity)
+        save_run(
+            ctx, runs, name, record, identity=identity, folder=run_folder(name),
+            finished=record["finished"],
+        )  # fmt: skip
+    return {name: runs[name] for name in names}
+
+
 def train_model(
     ctx: RunContext,
-    tag: str,
+    name: str,
     model: nn.Module,
     collate: Callable[[Tensor], Any],
     loss_fn: Callable[[nn.Module, Any], Tensor],
@@ -70,23 +121,23 @@ def train_model(
     epochs: int,
     lr_at: Callable[[int], float],
     seed: int,
+    identity: Any,
     optimizer: str = "adamw",
     betas: tuple[float, float] = (0.9, 0.999),
     weight_decay: float = 0.0,
     grad_clip: float | None = None,
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     eval_every: int = 0,
-    identity: Any = None,
 ) -> dict[str, Any]:
-    """Train ``model`` for ``epochs`` epochs with :class:`hopfield.training.Trainer` in the
-    folder ``ctx.out_dir/runs/<tag>/`` (log, a checkpoint after every epoch, ``run.json``).
+    """Train ``model`` for ``epochs`` epochs with :class:`hopfield.training.Trainer` in
+    ``ctx.out_dir/runs/<name>/`` (log, a checkpoint after every epoch, ``run.json``).
 
-    The run trains on several processes under ``torchrun`` (``batch_size`` is the global batch),
-    resumes from its newest checkpoint when ``run.json`` records the same ``identity`` (what
-    defines the run: settings, JSON-serialisable), and returns at once where it had finished.
-    Each epoch is a permutation of the training set drawn from ``seed`` cut into full global
-    batches (the incomplete last batch is dropped). Randomness (augmentation, masks) belongs in
-    ``collate`` and must come from the global torch RNG, which the checkpoints hold.
+    The run trains on several processes under ``torchrun`` (``batch_size`` is the global batch)
+    and resumes from its newest checkpoint when ``run.json`` records the same ``identity`` (what
+    defines the run, JSON-serialisable) and process count; otherwise it starts over. Each epoch
+    is a permutation of the training set drawn from ``seed`` cut into full global batches (the
+    incomplete last batch is dropped). Randomness (augmentation, masks) belongs in ``collate``
+    and must come from the global torch RNG, which the checkpoints hold.
 
     Args:
         collate: ``collate(indices (b,) long) -> batch`` of CPU tensors for the micro-batch of
@@ -97,17 +148,17 @@ def train_model(
         lr_at: learning rate of a 0-based epoch.
         optimizer, betas, weight_decay: Adam (coupled weight decay) or AdamW; weight decay
             applies to weights and normalisation gains, not to biases.
-        evaluate: ``evaluate(model) -> metrics`` every ``eval_every`` epochs and after the last
-            (the same numbers on every process).
+        evaluate: ``evaluate(model) -> metrics`` every ``eval_every`` epochs (``0``: never) and
+            after the last (the same numbers on every process).
 
     Returns:
-        ``{"epochs": [{"epoch", "loss", "lr", **eval}], "train_seconds", "steps", "finished",
-        "resumed_from", "processes"}`` (``train_seconds``: the wall time of this call's
-        training, so only the part after the resume for a resumed run).
+        ``{"epochs": [{"epoch", "loss", "lr", "seconds", **eval}], "seconds", "steps",
+        "finished", "resumed_from", "processes"}``: per finished epoch the mean training loss,
+        the learning rate and the training wall time (the slowest process's; evaluation and
+        checkpoint excluded), all from the Trainer's log, so a resumed run reports every epoch;
+        ``seconds`` is their sum plus the time of the trained part of an unfinished epoch.
+        Afterwards ``model`` is in eval mode on the accelerator's device.
     """
-    from hopfield.experiments.outliers_tasks import same_run
-    from hopfield.training import Trainer, steps_per_epoch
-
     per_epoch = steps_per_epoch(size, batch_size)
     if per_epoch < 1:
         raise ValueError(f"batch_size: {batch_size} exceeds the {size} training examples")
@@ -123,47 +174,57 @@ def train_model(
         grad_clip=grad_clip,
         seed=seed,
         log_every="epoch",
-        eval_every=eval_every * per_epoch,
+        eval_every="epoch",  # every epoch's training time; ``evaluate`` on its own period
         checkpoint_every="epoch",
     )
-    folder = f"runs/{tag}"
-    state = same_run(ctx, f"{folder}/run.json", {"identity": identity, "size": size})
+    folder = run_folder(name)
+    checkpoints = {"identity": identity, "size": size, "processes": ctx.processes}
+    resume = same_run(ctx, f"{folder}/run.json", checkpoints) == "same"
+    clock, timing = EpochClock(), {"open": False}
+
+    def timed_loss(model: nn.Module, batch: Any) -> Tensor:
+        clock.start()
+        timing["open"] = True
+        return loss_fn(model, batch)
+
+    def epoch_end(model: nn.Module) -> dict[str, float]:
+        metrics = {"seconds": clock.lap()[0]}
+        timing["open"] = False
+        epoch = trainer.step // per_epoch  # the Trainer counts the step before evaluating
+        if evaluate is not None and (epoch == epochs or (eval_every and epoch % eval_every == 0)):
+            metrics.update(evaluate(model))
+        return metrics
+
     trainer = Trainer(
         model,
         range(size),
-        loss_fn,
+        timed_loss,
         config,
         ctx.path(folder),
         collate_fn=lambda indices: collate(torch.as_tensor(indices, dtype=torch.long)),
-        evaluate=evaluate,
+        evaluate=epoch_end,
         schedule=lambda step: lr_at(step // per_epoch) / lr,
         progress=ctx.progress,
     )
-    start = time.perf_counter()
     try:
-        result = trainer.fit(resume=state == "same")
+        result = trainer.fit(resume=resume)
     finally:
         trainer.close()
     model.eval()  # on the accelerator's device: evaluations move their inputs there (device_of)
-    epochs_log = [
-        {"epoch": r["step"] // per_epoch, "loss": r["loss"], "lr": r["lr"], **r.get("eval", {})}
+    history = [
+        {"epoch": r["step"] // per_epoch, "loss": r["loss"], "lr": r["lr"], **r["eval"]}
         for r in result.log
+        if "eval" in r
     ]
+    unfinished = clock.lap()[0] if timing["open"] else 0.0
     return {
-        "epochs": epochs_log,
-        "train_seconds": time.perf_counter() - start,
+        "epochs": history,
+        "seconds": sum(e["seconds"] for e in history) + unfinished,
         "steps": result.step,
         "finished": result.finished,
         "resumed_from": result.resumed_from,
         "processes": result.processes,
     }
-
-
-def save_runs(ctx: RunContext, results: dict[str, dict[str, Any]]) -> None:
-    """Write ``runs.json``: per model its parameters, optimiser steps, whether it finished and
-    how many processes trained it (the main process writes)."""
-    keys = ("params", "steps", "finished", "processes")
-    ctx.save_json("runs.json", {name: {k: r[k] for k in keys} for name, r in results.items()})
 
 
 def device_of(model: nn.Module) -> torch.device:

@@ -17,7 +17,7 @@ Fashion-MNIST (Debian package ``dataset-fashion-mnist``) and CIFAR-10 when prese
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,9 +31,10 @@ from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
     energy_trend_metrics,
-    save_runs,
+    run_identity,
     threads_limited,
     train_model,
+    train_or_reuse,
     trajectory_statistics,
     trajectory_table,
 )
@@ -86,6 +87,7 @@ class Config:
     split_test_for_train: bool = False  # carve train/test out of the test split (MNIST here)
     holdout: int = 2000  # test images kept when split_test_for_train
     train_size: int = 0  # 0 = all
+    test_size: int = 0  # test images evaluated (0 = all)
     grid: int = 8  # patches per side (the paper's "patch size")
     d_model: int = 384
     num_heads: int = 6
@@ -134,42 +136,57 @@ PRESETS = {
 #: Images per split of the stand-ins (``--stand-in-data``) of an absent dataset.
 STAND_IN_COUNTS = {"train": 1024, "test": 256}
 
+#: Config fields that only say which models to train (or how many threads): not part of a run.
+LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "threads")
 
-def _split(name: str, split: str, ctx: RunContext) -> tuple[Tensor, Tensor]:
-    """Images ``(N, C, H, W)`` and labels of a split; with ``--stand-in-data``, random images of
-    the dataset's shape where it is absent (:func:`hopfield.data.images.stand_in_images`)."""
+
+@dataclass
+class _Images:
+    """Normalised training and test images ``(N, C, H, W)`` with their labels, the number of
+    classes (of the whole splits), and where they come from (the dataset's name, or a
+    ``"STAND-IN ..."`` note)."""
+
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    num_classes: int
+    source: str
+
+
+def _split(name: str, split: str, ctx: RunContext) -> tuple[Tensor, Tensor, str]:
+    """Images ``(N, C, H, W)``, labels and source of a split; with ``--stand-in-data``, random
+    images of the dataset's shape where it is absent
+    (:func:`hopfield.data.images.stand_in_images`)."""
     try:
-        return load_image_dataset(name, split, ctx.data_dir)
+        return (*load_image_dataset(name, split, ctx.data_dir), name)
     except DataNotFoundError:
         if not ctx.stand_in_data:
             raise
-    stand_in = stand_in_images(name, split, count=STAND_IN_COUNTS[split])
-    images, labels = zip(*(stand_in[i] for i in range(len(stand_in))), strict=True)
-    return torch.stack(images), torch.stack(labels)
+    images, labels = stand_in_images(name, split, count=STAND_IN_COUNTS[split]).tensors()
+    note = f"STAND-IN random images in place of {name}, which is absent; the numbers mean nothing."
+    return images, labels, note
 
 
-def _absent(config: Config, ctx: RunContext) -> bool:
-    try:
-        load_image_dataset(config.dataset, "test", ctx.data_dir)
-    except DataNotFoundError:
-        return True
-    return False
-
-
-def _data(config: Config, ctx: RunContext) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _data(config: Config, ctx: RunContext) -> _Images:
     if config.split_test_for_train:
         images, labels = load_image_dataset(config.dataset, "test", ctx.data_dir)
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(config.seed))
         test, train = order[: config.holdout], order[config.holdout :]
         x_train, y_train, x_test, y_test = images[train], labels[train], images[test], labels[test]
+        source = f"{config.dataset} test split"
     else:
-        x_train, y_train = _split(config.dataset, "train", ctx)
-        x_test, y_test = _split(config.dataset, "test", ctx)
+        x_train, y_train, source = _split(config.dataset, "train", ctx)
+        x_test, y_test, _ = _split(config.dataset, "test", ctx)
+    num_classes = int(torch.cat([y_train, y_test]).max()) + 1
     if config.train_size:
         x_train, y_train = x_train[: config.train_size], y_train[: config.train_size]
+    if config.test_size:
+        x_test, y_test = x_test[: config.test_size], y_test[: config.test_size]
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
-    return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test
+    x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
+    return _Images(x_train, y_train, x_test, y_test, num_classes, source)
 
 
 def augment(
@@ -273,42 +290,49 @@ def _model_names(config: Config) -> list[str]:
 
 
 def _run(config: Config, ctx: RunContext) -> Results:
-    x_train, y_train, x_test, y_test = _data(config, ctx)
-    _, channels, size, _ = x_train.shape
-    num_classes = int(torch.cat([y_train, y_test]).max()) + 1
-    results: dict[str, dict[str, Any]] = {}
-    analysis: list[dict[str, float]] = []
-    for index, name in enumerate(_model_names(config)):
-        torch.manual_seed(config.seed * 1000 + index)
-        model = build(config, name, size, channels, num_classes)
-
-        history = train_model(
-            ctx, name, model, partial(_augmented, x_train, y_train, config), _loss(config),
-            size=len(x_train), batch_size=config.batch_size,
-            epochs=config.epochs, seed=config.seed * 7919 + index, optimizer="adam",
-            weight_decay=config.weight_decay, identity=[asdict(config), name],
-            lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, config.min_lr,
-                                      config.warmup_epochs),
-        )  # fmt: skip
-        results[name] = {
-            "params": count_parameters(model),
-            "accuracy": accuracy(model, x_test, y_test, config.eval_batch_size),
-            "seconds": history["train_seconds"],
-            "steps": history["steps"],
-            "finished": history["finished"],
-            "processes": history["processes"],
-        }
-        if name == "hyperset":
-            assert isinstance(model.encoder, HyperSETEncoder)
-            with torch.no_grad():
-                x0 = model.embed(x_test[: config.analysis_size].to(device_of(model)))
-            analysis = trajectory_statistics(model.encoder, x0, config.iterations)
-    save_runs(ctx, results)
+    data = _data(config, ctx)
+    results = train_or_reuse(
+        ctx,
+        _model_names(config),
+        lambda index, name: run_identity(
+            config, LOOPS, ctx, model=name, index=index, data=data.source
+        ),
+        partial(_train, config, ctx, data),
+    )
+    analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
-    if ctx.stand_in_data and config.dataset not in ("digits",) and _absent(config, ctx):
-        report.notes.insert(0, f"STAND-IN random images in place of {config.dataset}, which is "
-                            "absent; the numbers mean nothing.")  # fmt: skip
+    if data.source.startswith("STAND-IN"):
+        report.notes.insert(0, data.source)
     return report
+
+
+def _train(
+    config: Config, ctx: RunContext, data: _Images, index: int, name: str, identity: Any
+) -> dict[str, Any]:
+    """Train model ``name`` (the ``index``-th) and test it: its record for ``runs.json`` (with
+    the Figs. 5-6 trajectories for ``"hyperset"``)."""
+    _, channels, size, _ = data.x_train.shape
+    torch.manual_seed(config.seed * 1000 + index)
+    model = build(config, name, size, channels, data.num_classes)
+    trained = train_model(
+        ctx, name, model, partial(_augmented, data.x_train, data.y_train, config), _loss(config),
+        size=len(data.x_train), batch_size=config.batch_size,
+        epochs=config.epochs, seed=config.seed * 7919 + index, optimizer="adam",
+        weight_decay=config.weight_decay, identity=identity,
+        lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, config.min_lr,
+                                  config.warmup_epochs),
+    )  # fmt: skip
+    record = {
+        "params": count_parameters(model),
+        "accuracy": accuracy(model, data.x_test, data.y_test, config.eval_batch_size),
+        **trained,
+    }
+    if name == "hyperset":
+        assert isinstance(model.encoder, HyperSETEncoder)
+        with torch.no_grad():
+            x0 = model.embed(data.x_test[: config.analysis_size].to(device_of(model)))
+        record["analysis"] = trajectory_statistics(model.encoder, x0, config.iterations)
+    return record
 
 
 def _row(results: dict[str, dict[str, Any]], name: str) -> list[Any]:

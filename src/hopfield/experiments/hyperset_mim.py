@@ -13,7 +13,7 @@ accuracy and PSNR of one-shot reconstructions at 40 % masking.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,9 +24,10 @@ from hopfield.data import DataNotFoundError
 from hopfield.data.images import load_image_dataset
 from hopfield.experiments.hyperset_common import (
     device_of,
-    save_runs,
+    run_identity,
     threads_limited,
     train_model,
+    train_or_reuse,
 )
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
@@ -179,6 +180,9 @@ def run(config: Config, ctx: RunContext) -> Results:
 #: Training and test images of the stand-in codes (``--stand-in-data``, the paper preset).
 STAND_IN_IMAGES = (1024, 8)
 
+#: Config fields that only say which models to train (or how many threads): not part of a run.
+LOOPS = ("models", "threads")
+
 
 @dataclass
 class _Tokens:
@@ -245,39 +249,23 @@ def _tokens(config: Config, ctx: RunContext) -> _Tokens:
 
 def _run(config: Config, ctx: RunContext) -> Results:
     tokens = _tokens(config, ctx)
-    train_codes, test_codes = tokens.train, tokens.test
-    eval_mask = fixed_mask(
-        (test_codes.shape[0], test_codes.shape[1]),
-        config.eval_mask_ratio,
-        torch.Generator().manual_seed(config.seed + 1),
+    source = config.dataset if tokens.reconstruct is not None else "stand-in codes"
+    results = train_or_reuse(
+        ctx,
+        config.models,
+        lambda index, name: run_identity(config, LOOPS, ctx, model=name, index=index, data=source),
+        partial(_train, config, ctx, tokens),
     )
     rows: list[list[Any]] = []
     metrics = dict(tokens.metrics)
-    runs: dict[str, dict[str, Any]] = {}
-    for index, name in enumerate(config.models):
-        torch.manual_seed(config.seed * 1000 + index)
-        model = build(config, name)
-        history = train_model(
-            ctx, name, model, partial(_masked, train_codes, model.mask_id, config.max_mask_ratio),
-            _loss, size=len(train_codes), batch_size=config.batch_size, epochs=config.epochs,
-            lr_at=lambda e: config.lr, seed=config.seed * 7919 + index, betas=(0.9, 0.95),
-            weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-            identity=[asdict(config), name, ctx.stand_in_data],
-        )  # fmt: skip
-        runs[name] = {"params": count_parameters(model), **history}
-        with torch.no_grad():
-            inputs = torch.where(eval_mask, model.mask_id, test_codes).to(device_of(model))
-            predicted = torch.where(eval_mask, model(inputs).cpu().argmax(-1), test_codes)
-        accuracy = 100.0 * float((predicted == test_codes)[eval_mask].float().mean())
-        scores = tokens.reconstruct(predicted) if tokens.reconstruct else (None, None)
+    for name, r in results.items():
         rows.append([
-            name, count_parameters(model), accuracy, *scores,
-            round(history["train_seconds"], 1), *PAPER_TABLE2[name][:2],
+            name, r["params"], r["accuracy"], r["psnr"], r["psnr_tokenized"],
+            round(r["seconds"], 1), *PAPER_TABLE2[name][:2],
         ])  # fmt: skip
-        metrics[f"{name}_masked_accuracy"] = accuracy
-        if scores[0] is not None:
-            metrics[f"{name}_psnr"] = scores[0]
-    save_runs(ctx, runs)
+        metrics[f"{name}_masked_accuracy"] = r["accuracy"]
+        if r["psnr"] is not None:
+            metrics[f"{name}_psnr"] = r["psnr"]
     table = Table(
         "Toy masked token modelling (Table 2 layout; NOT the paper's setting)",
         [
@@ -303,6 +291,38 @@ def _run(config: Config, ctx: RunContext) -> Results:
         *tokens.notes,
     ]
     return Results(tables=[table], metrics=metrics, notes=notes)
+
+
+def _train(
+    config: Config, ctx: RunContext, tokens: _Tokens, index: int, name: str, identity: Any
+) -> dict[str, Any]:
+    """Train model ``name`` (the ``index``-th) on masked codes and test it at the fixed masking
+    ratio: its record for ``runs.json``."""
+    torch.manual_seed(config.seed * 1000 + index)
+    model = build(config, name)
+    trained = train_model(
+        ctx, name, model, partial(_masked, tokens.train, model.mask_id, config.max_mask_ratio),
+        _loss, size=len(tokens.train), batch_size=config.batch_size, epochs=config.epochs,
+        lr_at=lambda e: config.lr, seed=config.seed * 7919 + index, betas=(0.9, 0.95),
+        weight_decay=config.weight_decay, grad_clip=config.grad_clip, identity=identity,
+    )  # fmt: skip
+    test = tokens.test
+    eval_mask = fixed_mask(
+        (test.shape[0], test.shape[1]),
+        config.eval_mask_ratio,
+        torch.Generator().manual_seed(config.seed + 1),
+    )
+    with torch.no_grad():
+        inputs = torch.where(eval_mask, model.mask_id, test).to(device_of(model))
+        predicted = torch.where(eval_mask, model(inputs).cpu().argmax(-1), test)
+    scores = tokens.reconstruct(predicted) if tokens.reconstruct else (None, None)
+    return {
+        "params": count_parameters(model),
+        "accuracy": 100.0 * float((predicted == test)[eval_mask].float().mean()),
+        "psnr": scores[0],
+        "psnr_tokenized": scores[1],
+        **trained,
+    }
 
 
 register(

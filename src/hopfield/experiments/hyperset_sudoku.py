@@ -18,7 +18,8 @@ them below the data root.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import matplotlib
@@ -36,9 +37,10 @@ from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
     energy_trend_metrics,
-    save_runs,
+    run_identity,
     threads_limited,
     train_model,
+    train_or_reuse,
     trajectory_statistics,
     trajectory_table,
 )
@@ -131,6 +133,9 @@ PRESETS = {
 #: Puzzles per split generated in place of an absent data set (``--stand-in-data``).
 STAND_IN_SIZES = (256, 64)
 
+#: Config fields that only say which models to train (or how many threads): not part of a run.
+LOOPS = ("models", "ablations", "threads")
+
 
 def _generated(config: Config, ctx: RunContext, train: int, test: int) -> tuple[np.ndarray, ...]:
     """``train`` and ``test`` generated puzzles (cached in the run folder; generated on the main
@@ -145,27 +150,22 @@ def _generated(config: Config, ctx: RunContext, train: int, test: int) -> tuple[
     )
 
 
-def _load(config: Config, ctx: RunContext) -> tuple[np.ndarray, ...]:
+def _load(config: Config, ctx: RunContext) -> tuple[tuple[np.ndarray, ...], str]:
+    """Training and test puzzles and solutions, and where they come from: ``config.dataset``,
+    or a ``"STAND-IN ..."`` note where its files are absent under ``--stand-in-data``."""
     if config.dataset == "generated":
-        return _generated(config, ctx, config.train_size, config.test_size)
+        return _generated(config, ctx, config.train_size, config.test_size), config.dataset
     try:
-        return _load_files(config, ctx)
+        return _load_files(config, ctx), config.dataset
     except DataNotFoundError:
         if not ctx.stand_in_data:
             raise
     sizes = (min(config.train_size, STAND_IN_SIZES[0]), min(config.test_size, STAND_IN_SIZES[1]))
-    return _generated(config, ctx, *sizes)
-
-
-def _stood_in(config: Config, ctx: RunContext) -> bool:
-    """Whether ``_load`` generated puzzles in place of an absent data set."""
-    if config.dataset == "generated" or not ctx.stand_in_data:
-        return False
-    try:
-        _load_files(config, ctx)
-    except DataNotFoundError:
-        return True
-    return False
+    note = (
+        f"STAND-IN generated puzzles in place of {config.dataset}, which is absent; the numbers "
+        "are not the paper's setting."
+    )
+    return _generated(config, ctx, *sizes), note
 
 
 def _load_files(config: Config, ctx: RunContext) -> tuple[np.ndarray, ...]:
@@ -257,65 +257,90 @@ def run(config: Config, ctx: RunContext) -> Results:
         return _run(config, ctx)
 
 
+@dataclass
+class _Puzzles:
+    """Training and test puzzles ``(n, 81)`` with their solutions (long, 0 = blank)."""
+
+    train_p: Tensor
+    train_s: Tensor
+    test_p: Tensor
+    test_s: Tensor
+
+
 def _run(config: Config, ctx: RunContext) -> Results:
-    train_p, train_s, test_p, test_s = (
-        torch.as_tensor(a, dtype=torch.long) for a in _load(config, ctx)
-    )
-    givens = (test_p > 0).sum(-1).float()
+    arrays, source = _load(config, ctx)
+    data = _Puzzles(*(torch.as_tensor(a, dtype=torch.long) for a in arrays))
+    givens = (data.test_p > 0).sum(-1).float()
     L = config.iterations
     counts = sorted({max(1, round(f * L)) for f in config.extrapolation} | {L})
-    horizon = max(counts)
-    names = [*config.models, *config.ablations]
-    results: dict[str, dict[str, Any]] = {}
-    analysis: list[dict[str, float]] = []
-    eval_p, eval_s = test_p[: config.eval_size], test_s[: config.eval_size]
-    for index, name in enumerate(names):
-        torch.manual_seed(config.seed * 1000 + index)
-        model = build(config, name)
-
-        def evaluate(trained: nn.Module, model: SudokuModel = model) -> dict[str, float]:
-            # the Trainer passes the unwrapped model: ``model`` itself
-            board, cell = accuracy_per_iteration(model, eval_p, eval_s, L, config.eval_batch_size)
-            return {"test_board": board[-1], "test_cell": cell[-1]}
-
-        history = train_model(
-            ctx, name, model, lambda rows: (train_p[rows], train_s[rows]), _loss,
-            size=len(train_p), batch_size=config.batch_size, epochs=config.epochs,
-            seed=config.seed * 7919 + index, betas=(0.9, 0.95), weight_decay=config.weight_decay,
-            lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, 1e-7),
-            grad_clip=config.grad_clip, evaluate=evaluate, eval_every=config.eval_every,
-            identity=[asdict(config), name],
-        )  # fmt: skip
-        board, cell = accuracy_per_iteration(model, test_p, test_s, horizon, config.eval_batch_size)
-        results[name] = {
-            "params": count_parameters(model),
-            "board": board,
-            "cell": cell,
-            "history": history,
-            **{k: history[k] for k in ("steps", "finished", "processes")},
-        }
-        if name == "hyperset":
-            assert isinstance(model.encoder, HyperSETEncoder)
-            with torch.no_grad():
-                x0 = model.embed(test_p[: config.analysis_size].to(device_of(model)))
-            analysis = trajectory_statistics(model.encoder, x0, horizon)
-    save_runs(ctx, results)
-    report = _report(config, ctx, results, analysis, counts, float(givens.mean()))
-    if _stood_in(config, ctx):
-        report.notes.insert(0, f"STAND-IN generated puzzles in place of {config.dataset}, which "
-                            "is absent; the numbers are not the paper's setting.")  # fmt: skip
+    results = train_or_reuse(
+        ctx,
+        [*config.models, *config.ablations],
+        lambda index, name: run_identity(config, LOOPS, ctx, model=name, index=index, data=source),
+        partial(_train, config, ctx, data, max(counts)),
+    )
+    report = _report(config, ctx, results, counts, float(givens.mean()))
+    if source.startswith("STAND-IN"):
+        report.notes.insert(0, source)
     return report
+
+
+def _train(
+    config: Config,
+    ctx: RunContext,
+    data: _Puzzles,
+    horizon: int,
+    index: int,
+    name: str,
+    identity: Any,
+) -> dict[str, Any]:
+    """Train model ``name`` (the ``index``-th) and test it up to ``horizon`` iterations: its
+    record for ``runs.json`` (with the Figs. 5-6 trajectories for ``"hyperset"``)."""
+    L = config.iterations
+    torch.manual_seed(config.seed * 1000 + index)
+    model = build(config, name)
+    eval_p, eval_s = data.test_p[: config.eval_size], data.test_s[: config.eval_size]
+
+    def evaluate(unwrapped: nn.Module) -> dict[str, float]:
+        # the Trainer passes the unwrapped model: ``model`` itself
+        board, cell = accuracy_per_iteration(model, eval_p, eval_s, L, config.eval_batch_size)
+        return {"test_board": board[-1], "test_cell": cell[-1]}
+
+    train_p, train_s = data.train_p, data.train_s
+    trained = train_model(
+        ctx, name, model, lambda rows: (train_p[rows], train_s[rows]), _loss,
+        size=len(train_p), batch_size=config.batch_size, epochs=config.epochs,
+        seed=config.seed * 7919 + index, betas=(0.9, 0.95), weight_decay=config.weight_decay,
+        lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, 1e-7),
+        grad_clip=config.grad_clip, evaluate=evaluate, eval_every=config.eval_every,
+        identity=identity,
+    )  # fmt: skip
+    board, cell = accuracy_per_iteration(
+        model, data.test_p, data.test_s, horizon, config.eval_batch_size
+    )
+    record = {
+        "params": count_parameters(model),
+        "board": board,
+        "cell": cell,
+        **trained,
+    }
+    if name == "hyperset":
+        assert isinstance(model.encoder, HyperSETEncoder)
+        with torch.no_grad():
+            x0 = model.embed(data.test_p[: config.analysis_size].to(device_of(model)))
+        record["analysis"] = trajectory_statistics(model.encoder, x0, horizon)
+    return record
 
 
 def _report(
     config: Config,
     ctx: RunContext,
     results: dict[str, dict[str, Any]],
-    analysis: list[dict[str, float]],
     counts: list[int],
     mean_givens: float,
 ) -> Results:
     L = config.iterations
+    analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     tables: list[Table] = []
     metrics: dict[str, float] = {}
     notes: list[str] = []
@@ -325,7 +350,7 @@ def _report(
         paper: float = PAPER_EXTRAPOLATION.get(name, [math.nan])[0]
         main_rows.append([
             name, r["params"], PAPER_PARAMS.get(name), r["board"][L - 1], r["cell"][L - 1],
-            paper if not math.isnan(paper) else None, round(r["history"]["train_seconds"], 1),
+            paper if not math.isnan(paper) else None, round(r["seconds"], 1),
         ])  # fmt: skip
         metrics[f"{name}_board_acc"] = r["board"][L - 1]
         metrics[f"{name}_cell_acc"] = r["cell"][L - 1]
@@ -434,7 +459,7 @@ def _report(
         )
     curve_rows = []
     for name, r in results.items():
-        for e in r["history"]["epochs"]:
+        for e in r["epochs"]:
             if "test_board" in e:
                 curve_rows.append([name, e["epoch"], e["loss"], e["test_board"], e["test_cell"]])
     tables.append(
