@@ -70,8 +70,8 @@ def cosine_lr(epoch: int, epochs: int, peak: float, floor: float, warmup: int = 
 def run_identity(config: Any, loops: Sequence[str], ctx: RunContext, **run: Any) -> dict[str, Any]:
     """What defines one model's run: the fields of the dataclass ``config`` but the outer
     ``loops`` (which models to train, thread counts), the precision, and ``run`` (the model's
-    name, its index, where the data come from). Adding a model to a preset therefore reuses the
-    runs of the others."""
+    name, its index (which seeds it), where the data come from). A model appended to the lists
+    of a preset therefore leaves the runs of the others reusable."""
     fields = {k: v for k, v in asdict(config).items() if k not in loops}
     return {"config": fields, "mixed_precision": ctx.mixed_precision or "no", **run}
 
