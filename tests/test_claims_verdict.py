@@ -62,6 +62,38 @@ def test_lower_is_better_and_the_outlier_formation_gap() -> None:
     assert compare_paired([1.0, 1.1, 0.9], [2.0, 2.2, 2.1], direction="lower").verdict == "holds"
 
 
+def test_outlier_formation_w8a8_gap_is_inconclusive() -> None:
+    """docs/outlier-formation.md: W8A8 gap % per seed, vanilla (5.9, 4.4, 2.8) and OutEffHop
+    (9.2, 2.8, 7.4). Differences 3.3, -1.6, 4.6: mean 2.1, sd √10.69, t = 2.1/(sd/√3) ≈ 1.11
+    on 2 df, p ≈ 0.38; interval 2.1 ± 4.303·sd/√3 contains 0."""
+    result = compare_paired([9.2, 2.8, 7.4], [5.9, 4.4, 2.8], direction="lower")
+    half = 4.302653 * math.sqrt(10.69) / math.sqrt(3)
+    assert result.mean_difference == pytest.approx(-2.1)
+    assert result.t == pytest.approx(-1.1125, abs=1e-4)
+    assert result.p_t == pytest.approx(0.3817, abs=1e-4)
+    assert result.interval == pytest.approx((-2.1 - half, -2.1 + half), abs=1e-5)
+    assert result.verdict == "inconclusive" and result.p_wilcoxon is None
+
+
+def test_equal_claims_need_the_interval_inside_the_margin() -> None:
+    """Differences 0.1, -0.1, 0.0, 0.05, -0.05, 0.0: mean 0, sd √0.005, half-width
+    2.5706·√0.005/√6 ≈ 0.0742."""
+    ours = [1.1, 0.9, 1.0, 1.05, 0.95, 1.0]
+    result = compare_paired(ours, [1.0] * 6, direction="equal", min_effect=0.1)
+    assert result.interval == pytest.approx((-0.07421, 0.07421), abs=1e-4)
+    assert result.verdict == "holds"
+    assert result.p_wilcoxon == pytest.approx(stats.wilcoxon([0.1, -0.1, 0.05, -0.05]).pvalue)
+    assert compare_paired(ours, [1.0] * 6, direction="equal", min_effect=0.05).verdict == (
+        "inconclusive"
+    )
+    far = compare_paired([2.0, 2.1, 1.9], [1.0, 1.0, 1.0], direction="equal", min_effect=0.1)
+    assert far.verdict == "does not hold"
+    tie = compare_paired([1.0] * 4, [1.0] * 4, direction="equal", min_effect=0.1)
+    assert tie.verdict == "inconclusive"  # a tie decides nothing, not even equality
+    with pytest.raises(ValueError, match="margin"):
+        compare_paired(ours, [1.0] * 6, direction="equal")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -14,7 +14,9 @@ VERDICTS = ("holds", "does not hold", "inconclusive", "not tested at this scale"
 #: Fewest independent runs (pairs) on which an empirical claim can hold or fail.
 MIN_RUNS = 3
 
-DIRECTIONS = ("higher", "lower")
+#: ``higher``/``lower``: ours is claimed larger/smaller than the rival; ``equal``: the two are
+#: claimed to agree within ``min_effect`` (an equivalence margin).
+DIRECTIONS = ("higher", "lower", "equal")
 
 
 @dataclass(frozen=True)
@@ -23,14 +25,17 @@ class PairedComparison:
 
     Attributes:
         n: number of pairs.
-        mean_difference: mean of ``ours − rival``, signed so that positive favours the claim.
+        mean_difference: mean of ``ours − rival``, signed so that positive favours the claim
+            (unsigned for ``equal`` claims).
         interval: 95 % t interval of that mean (``(nan, nan)`` with fewer than 2 pairs).
         t, p_t: paired t statistic and two-sided p-value (``nan`` where undefined).
         p_wilcoxon: two-sided Wilcoxon signed-rank p-value, ``None`` with fewer than 6 pairs or
             no non-zero difference (the test cannot reach 5 % then).
         verdict: ``holds`` (the interval lies above ``min_effect``), ``does not hold`` (it lies
-            below it), else ``inconclusive``; always ``inconclusive`` with fewer than
-            :data:`MIN_RUNS` pairs or when every pair ties.
+            below it), else ``inconclusive``; for ``equal`` claims ``holds`` if the interval lies
+            inside ``[−min_effect, min_effect]`` and ``does not hold`` if it lies outside it;
+            always ``inconclusive`` with fewer than :data:`MIN_RUNS` pairs or when every pair
+            ties.
     """
 
     n: int
@@ -72,10 +77,12 @@ def compare_paired(
 
     Args:
         ours, rival: one value per independent run, in the same order.
-        direction: ``"higher"`` if the claim is that ours is larger, ``"lower"`` if smaller.
+        direction: ``"higher"`` if the claim is that ours is larger, ``"lower"`` if smaller,
+            ``"equal"`` if the two agree within ``min_effect``.
         min_effect: the smallest favourable difference that counts (``>= 0``): the claim holds
             only if the whole 95 % interval lies above it, and does not hold if the whole
-            interval lies below it.
+            interval lies below it. For ``"equal"`` the margin (``> 0``) the whole interval
+            must lie within for the claim to hold (outside it: does not hold).
     """
     a, b = _check_values("ours", ours), _check_values("rival", rival)
     if len(a) != len(b):
@@ -86,7 +93,9 @@ def compare_paired(
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not min_effect >= 0:
         raise ValueError(f"min_effect must be >= 0, got {min_effect}")
-    sign = 1.0 if direction == "higher" else -1.0
+    if direction == "equal" and not min_effect > 0:
+        raise ValueError("an equal claim needs a margin min_effect > 0")
+    sign = -1.0 if direction == "lower" else 1.0
     diffs = [sign * (x - y) for x, y in zip(a, b, strict=True)]
     n = len(diffs)
     mean = sum(diffs) / n
@@ -94,11 +103,24 @@ def compare_paired(
     p_wilcoxon = _wilcoxon(diffs)
     verdict = "inconclusive"
     if n >= MIN_RUNS and any(d != 0 for d in diffs):
-        if interval[0] > min_effect:
-            verdict = "holds"
-        elif interval[1] < min_effect:
-            verdict = "does not hold"
+        verdict = _decide(interval, direction, min_effect)
     return PairedComparison(n, mean, interval, t, p_t, p_wilcoxon, verdict)
+
+
+def _decide(interval: tuple[float, float], direction: str, min_effect: float) -> str:
+    """The verdict of a 95 % interval of the (signed) mean difference."""
+    low, high = interval
+    if direction == "equal":
+        if -min_effect <= low and high <= min_effect:
+            return "holds"
+        if low > min_effect or high < -min_effect:
+            return "does not hold"
+        return "inconclusive"
+    if low > min_effect:
+        return "holds"
+    if high < min_effect:
+        return "does not hold"
+    return "inconclusive"
 
 
 def _t_interval(diffs: list[float]) -> tuple[tuple[float, float], float, float]:
