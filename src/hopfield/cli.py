@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="render a Markdown report of a results folder")
     report.add_argument("dir", type=Path)
+    claims = sub.add_parser(
+        "claims", help="judge every paper claim from a results folder: claims.json, CLAIMS.md"
+    )
+    claims.add_argument("dir", type=Path)
     _add_plan_parser(sub)
     return parser
 
@@ -196,9 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, reason in skipped.items():
             print(f"skipped: {name}: {reason}")
         print(f"report:  {build_report(args.out)}")
+        print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
         return 0
     if args.command == "report":
         print(build_report(args.dir))
+        return 0
+    if args.command == "claims":
+        from hopfield.claims.report import write_ledger
+
+        if not args.dir.is_dir():
+            raise SystemExit(f"claims: {args.dir} is not a directory")
+        for path in write_ledger(args.dir):
+            print(f"claims:  {path}")
         return 0
     if args.command == "plan":
         return _plan_command(args, argv)

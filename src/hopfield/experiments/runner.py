@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.registry import Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext
@@ -157,7 +158,9 @@ def reproduce(
     """Run every experiment marked for reproduction (or those in ``only``) at ``preset``.
 
     Experiments whose datasets are absent are skipped, not fatal. Returns the results files and
-    ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``).
+    ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``). Ends
+    with the claims ledger of ``out`` (``out/claims.json``, ``out/CLAIMS.md``: every paper claim
+    judged from the records there, :func:`hopfield.claims.report.write_ledger`).
     """
     chosen = [e for e in all_experiments() if (e.name in only if only else e.in_reproduce)]
     paths: list[Path] = []
@@ -172,6 +175,7 @@ def reproduce(
     if process_layout()[0] == 0:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "skipped.json").write_text(json.dumps(skipped, indent=2))
+        write_ledger(out)
     return paths, skipped
 
 

@@ -1,0 +1,622 @@
+"""Extractors: how each experiment family's record gives the evidence for a claim.
+
+Each function here returns an :data:`~hopfield.claims.claim.Extractor` (a function of an
+:class:`~hopfield.claims.records.ExperimentRecord`) configured for one claim. Empirical
+extractors pair ours and the rival over independent runs (training seeds, memory sets, datasets
+and horizons); they raise :class:`~hopfield.claims.claim.NotTested` when the record holds no such
+runs (a model the preset leaves out, no outliers formed, a toy stand-in).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hopfield.claims.claim import Comparison, Evidence, Extractor, Measured, NotTested
+from hopfield.claims.records import ExperimentRecord
+
+__all__ = [
+    "combine",
+    "convergence_speed",
+    "efficiency_time",
+    "formation_variants",
+    "hyperset_accuracy",
+    "hyperset_metric",
+    "hyperset_params",
+    "mil_auc",
+    "mil_bags",
+    "mil_curves",
+    "outlier_params",
+    "outlier_variants",
+    "retrieval",
+    "retrieval_drop",
+    "stanhop",
+    "theory_check",
+    "timeseries",
+]
+
+Samples = dict[str, float]
+"""Values keyed by the independent run (unit) they come from."""
+
+
+def pair(rival: str, ours: Samples, others: Samples) -> Comparison:
+    """The comparison of ``ours`` with ``others`` over the units both have."""
+    units = [u for u in ours if u in others]
+    return Comparison(
+        rival, tuple(ours[u] for u in units), tuple(others[u] for u in units), tuple(units)
+    )
+
+
+def label(model: str, rival: str, models: Sequence[str]) -> str:
+    """A comparison's name: the rival, or ``model vs rival`` when several models are compared."""
+    return rival if len(models) == 1 else f"{model} vs {rival}"
+
+
+def _require_real_runs(record: ExperimentRecord) -> None:
+    """Smoke runs (``--max-steps``, ``--stand-in-data``) test no empirical claim."""
+    limits = record.data.get("limits") or {}
+    if limits.get("stand_in_data"):
+        raise NotTested(f"{record.name} trained on random stand-in data (a smoke run)")
+    if limits.get("stop_after") is not None:
+        raise NotTested(f"{record.name} was cut after {limits['stop_after']} steps (a smoke run)")
+
+
+def combine(*extractors: Extractor) -> Extractor:
+    """One extractor giving the comparisons of all of ``extractors`` (empirical claims)."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        out: list[Comparison] = []
+        for extractor in extractors:
+            evidence = extractor(record)
+            if isinstance(evidence, Measured):
+                raise TypeError("combine joins empirical evidence only")
+            out += evidence
+        return out
+
+    return extract
+
+
+def _require_paper_preset(record: ExperimentRecord) -> None:
+    """Parameter counts are the paper's only at the paper preset (smoke runs count)."""
+    if record.preset != "paper":
+        raise NotTested(
+            f"parameter counts are the paper's only at the paper preset, not {record.preset}"
+        )
+
+
+def empirical(read: Callable[[ExperimentRecord], list[Comparison]]) -> Extractor:
+    """``read`` behind the smoke-run check, dropping comparisons without pairs (a model the
+    preset leaves out)."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        _require_real_runs(record)
+        comparisons = [c for c in read(record) if c.ours]
+        if not comparisons:
+            raise NotTested(f"{record.name} at {record.preset} has none of the runs compared")
+        return comparisons
+
+    return extract
+
+
+# ----------------------------------------------------------------------------------- theory
+
+
+def theory_check(source: str, statement: str) -> Extractor:
+    """The violation count of the ``theory`` experiment's check ``(source, statement…)``."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        columns, rows = record.table("Theory checks")
+        col = {c: i for i, c in enumerate(columns)}
+        for row in rows:
+            if row[col["paper"]] == source and str(row[col["statement"]]).startswith(statement):
+                trials, violations = row[col["trials"]], row[col["violations"]]
+                return Measured(float(violations), f"{violations} violations in {trials} trials")
+        raise NotTested(f"theory at {record.preset} has no check {source}: {statement}")
+
+    return extract
+
+
+# ------------------------------------------------------------------- memory retrieval studies
+
+_RETRIEVAL_FILES = {
+    "memory-capacity": ("capacity_checkpoint.json", "size"),
+    "noise-robustness": ("noise_checkpoint.json", "sigma"),
+}
+
+
+def _retrieval_points(record: ExperimentRecord) -> list[dict[str, Any]]:
+    if record.name not in _RETRIEVAL_FILES:
+        raise ValueError(f"{record.name} is no retrieval study")
+    cases = record.side(_RETRIEVAL_FILES[record.name][0]).get("cases", {})
+    return [p for case in cases.values() for p in case["points"]]
+
+
+def _retrieval_samples(
+    points: list[dict[str, Any]], model: str, *, study: str, criterion: str, steps: int, level: Any
+) -> Samples:
+    """Per (dataset, memory set) success of ``model`` at ``level`` (size or σ)."""
+    samples: Samples = {}
+    for p in points:
+        same = p["model"] == model and p["study"] == study and p["steps"] == steps
+        if same and level in (p.get("size"), p.get("sigma")):
+            for i, v in enumerate(p["values"][criterion]):
+                samples[f"{p['dataset']}/{p['query']} set {i}"] = float(v)
+    return samples
+
+
+def _levels(record: ExperimentRecord, points: list[dict[str, Any]]) -> list[Any]:
+    key = _RETRIEVAL_FILES[record.name][1]
+    return sorted({p[key] for p in points})
+
+
+def _study_points(
+    record: ExperimentRecord, study: str, datasets: Sequence[str]
+) -> tuple[list[dict[str, Any]], int]:
+    """The points of ``study`` on ``datasets`` (all when empty) and their largest step count."""
+    points = [
+        p
+        for p in _retrieval_points(record)
+        if p["study"] == study and (not datasets or p["dataset"] in datasets)
+    ]
+    if not points:
+        raise NotTested(f"{record.name} at {record.preset} has no {study} points on {datasets}")
+    return points, max(p["steps"] for p in points)
+
+
+def retrieval(
+    models: Sequence[str],
+    rivals: Sequence[str],
+    *,
+    study: str,
+    criterion: str,
+    steps: str = "max",
+    datasets: Sequence[str] = (),
+) -> Extractor:
+    """Each model against each rival at the largest memory size (``memory-capacity``) or noise
+    level (``noise-robustness``).
+
+    Pairs: (dataset, query, memory set). ``steps`` is ``"max"`` (the most update steps run) or
+    ``"one"``.
+    """
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        points, most = _study_points(record, study, datasets)
+        n_steps = most if steps == "max" else 1
+        top = _levels(record, points)[-1]
+
+        def at(model: str) -> Samples:
+            return _retrieval_samples(
+                points, model, study=study, criterion=criterion, steps=n_steps, level=top
+            )
+
+        return [pair(label(m, r, models), at(m), at(r)) for m in models for r in rivals]
+
+    return empirical(read)
+
+
+def retrieval_drop(models: Sequence[str], against: str, *, study: str, criterion: str) -> Extractor:
+    """Each model's loss of success from the smallest to the largest memory size / noise level
+    against the loss of ``against``, paired over (dataset, query, memory set) with the most
+    update steps run."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        points, most = _study_points(record, study, ())
+        levels = _levels(record, points)
+
+        def drop(model: str) -> Samples:
+            first, last = (
+                _retrieval_samples(
+                    points, model, study=study, criterion=criterion, steps=most, level=level
+                )
+                for level in (levels[0], levels[-1])
+            )
+            return {u: first[u] - last[u] for u in first if u in last}
+
+        return [pair(f"{against}'s drop", drop(m), drop(against)) for m in models]
+
+    return empirical(read)
+
+
+# ------------------------------------------------------------------------------ convergence
+
+
+def convergence_speed(model: str, rivals: Sequence[str]) -> Extractor:
+    """Mean test accuracy over the epochs (area under the curve) of ``model`` against each rival,
+    paired over (dataset, training seed) from ``convergence/curves.json``."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        curves = record.side("curves.json")
+
+        def auc(name: str) -> Samples:
+            return {
+                f"{dataset} seed {i}": statistics.fmean(run["test_accuracy"])
+                for dataset, models in curves.items()
+                for i, run in enumerate(models.get(name, []))
+                if run.get("test_accuracy")
+            }
+
+        return [pair(r, auc(model), auc(r)) for r in rivals]
+
+    return empirical(read)
+
+
+# ---------------------------------------------------------------------------- outlier study
+
+#: Table 1's max inf norm per model family (:data:`hopfield.experiments.outliers.TABLE_INF_NORM`).
+_INF_NORM = {"bert": "max_ffn_out_inf_norm", "opt": "max_inf_norm", "vit": "max_inf_norm"}
+
+#: The outliers experiment's own test of whether outliers formed: vanilla W8A8 costs at least
+#: 1 % of its FP metric, or its average kurtosis is at least 10.
+_FORMED_GAP_PCT, _FORMED_KURTOSIS = 1.0, 10.0
+
+
+def _outlier_runs(record: ExperimentRecord, family: str, variant: str) -> dict[str, dict]:
+    runs = {}
+    for path in record.files(f"runs/{family}/{variant}/seed-*/result.json"):
+        run = record.side(str(path.relative_to(record.folder)))
+        runs[f"seed {run['seed']}"] = run
+    return runs
+
+
+def _outlier_value(family: str, metric: str, run: dict[str, Any]) -> float:
+    """One run's ``metric``: avg_kurtosis, max_inf_norm (Table 1's), fp, w8a8_degradation (W8A8
+    minus FP, signed so that larger is worse), special_mass, row_sum (means over modules)."""
+    if metric == "avg_kurtosis":
+        return float(run["summary"]["avg_kurtosis"])
+    if metric == "max_inf_norm":
+        return float(run["summary"][_INF_NORM[family]])
+    fp = statistics.fmean(run["fp"])
+    if metric == "fp":
+        return fp
+    if metric == "w8a8_degradation":
+        change = statistics.fmean(run["w8a8"]) - fp
+        return -change if family == "vit" else change  # ViT: accuracy, higher is better
+    if metric in ("special_mass", "row_sum"):
+        return statistics.fmean(a[metric] for a in run["attention"].values())
+    raise ValueError(f"unknown outlier metric {metric!r}")
+
+
+def _require_outliers(family: str, vanilla: dict[str, dict]) -> None:
+    """:class:`NotTested` unless vanilla attention formed outliers (the experiment's test)."""
+    if not vanilla:
+        raise NotTested(f"no vanilla {family} runs")
+    gaps = [
+        100 * _outlier_value(family, "w8a8_degradation", r) / abs(_outlier_value(family, "fp", r))
+        for r in vanilla.values()
+        if _outlier_value(family, "fp", r) != 0
+    ] or [0.0]
+    kurtosis = [_outlier_value(family, "avg_kurtosis", r) for r in vanilla.values()]
+    if statistics.fmean(gaps) < _FORMED_GAP_PCT and statistics.fmean(kurtosis) < _FORMED_KURTOSIS:
+        raise NotTested(
+            f"no outliers formed in vanilla {family} (W8A8 costs {statistics.fmean(gaps):.2g} %, "
+            f"avg kurtosis {statistics.fmean(kurtosis):.3g})"
+        )
+
+
+def outlier_variants(
+    family: str, pairs: Sequence[tuple[str, str, str]], *, needs_outliers: bool = True
+) -> Extractor:
+    """``(variant, rival variant, metric)`` comparisons of the ``outliers`` study of ``family``,
+    paired over training seeds; with ``needs_outliers``, only where vanilla formed outliers."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        if needs_outliers:
+            _require_outliers(family, _outlier_runs(record, family, "softmax"))
+        out = []
+        for new, old, metric in pairs:
+            ours, rival = _outlier_runs(record, family, new), _outlier_runs(record, family, old)
+            out.append(
+                pair(
+                    f"{old} ({metric})",
+                    {u: _outlier_value(family, metric, r) for u, r in ours.items()},
+                    {u: _outlier_value(family, metric, r) for u, r in rival.items()},
+                )
+            )
+        return out
+
+    return empirical(read)
+
+
+def outlier_params(family: str, variant: str) -> Extractor:
+    """The parameter count of ``family``/``variant`` in a ``paper``-preset outliers record."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        _require_paper_preset(record)
+        return Measured(record.metric(f"{family}/{variant}/parameters"))
+
+    return extract
+
+
+def formation_variants(
+    pairs: Sequence[tuple[str, str, str]], *, needs_outliers: bool = True
+) -> Extractor:
+    """``(variant, rival variant, metric)`` comparisons of ``outlier-formation``'s variants under
+    its recipe, paired over training seeds (``compare.json``); with ``needs_outliers``, only when
+    the search found a recipe under which vanilla attention forms outliers. Metrics: the run
+    fields, plus ``w8a8_gap_pct`` (100·(W8A8 − FP)/FP perplexity)."""
+
+    def value(run: dict[str, Any], metric: str) -> float:
+        if metric == "w8a8_gap_pct":
+            return 100 * (run["w8a8_ppl"] - run["fp_ppl"]) / run["fp_ppl"]
+        return float(run[metric])
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        if needs_outliers and record.metric("recipe_found") < 1:
+            raise NotTested("the outlier-formation search found no recipe (no outliers formed)")
+        runs = record.side("compare.json")["runs"]
+
+        def samples(variant: str, metric: str) -> Samples:
+            return {
+                f"seed {key.split('/seed')[1]}": value(run, metric)
+                for key, run in runs.items()
+                if key.split("/seed")[0] == variant
+            }
+
+        return [pair(f"{old} ({m})", samples(new, m), samples(old, m)) for new, old, m in pairs]
+
+    return empirical(read)
+
+
+# ------------------------------------------------------------------------------- STanHop-Net
+
+
+def stanhop(
+    model: str, rivals: Sequence[str], metric: str, *, settings: Sequence[tuple[str, int]] = ()
+) -> Extractor:
+    """``model`` against each rival on ``metric`` (a field of ``stanhop-outliers/runs.json``:
+    mse, avg_kurtosis, max_inf_norm, w8a8_mse, or ``w8a8_degradation`` = W8A8 − FP MSE), paired
+    over (dataset, horizon, seed) on the real datasets, restricted to ``settings`` if given."""
+
+    def value(run: dict[str, Any]) -> float:
+        if metric == "w8a8_degradation":
+            return float(run["w8a8_mse"]) - float(run["mse"])
+        return float(run[metric])
+
+    def samples(runs: dict[str, Any], name: str) -> Samples:
+        out = {}
+        for key, run in runs.items():
+            dataset, horizon, which, seed = key.split("|")
+            chosen = not settings or (dataset, int(horizon)) in settings
+            if which == name and dataset != "synthetic" and chosen and run.get("finished", True):
+                out[f"{dataset}/{horizon} seed {seed}"] = value(run)
+        return out
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = record.side("runs.json")
+        ours = samples(runs, model)
+        if not ours:
+            wanted = ", ".join(f"{d}/{h}" for d, h in settings) or "the real datasets"
+            raise NotTested(f"stanhop-outliers at {record.preset} has no {model} runs on {wanted}")
+        return [pair(r, ours, samples(runs, r)) for r in rivals]
+
+    return empirical(read)
+
+
+def stanhop_params(model: str) -> Extractor:
+    """STanHop-Net's parameter count without the position tables (the paper's count) at the
+    paper preset."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        _require_paper_preset(record)
+        runs = record.side("runs.json")
+        counts = {
+            r["params_without_position_tables"] for k, r in runs.items() if k.split("|")[2] == model
+        }
+        if not counts:
+            raise NotTested(f"no {model} run in stanhop-outliers")
+        return Measured(float(min(counts)))
+
+    return extract
+
+
+# ---------------------------------------------------------------------------- time series
+
+
+def timeseries(models: Sequence[str], rivals: Sequence[str], metric: str) -> Extractor:
+    """Each model against each rival in ``timeseries-hopfield`` on ``metric`` (``mse``: test
+    MSE, ``cpu_seconds_per_epoch``), paired over (dataset, horizon, seed)."""
+
+    def value(run: dict[str, Any]) -> float:
+        return float(run["test"]["mse"] if metric == "mse" else run[metric])
+
+    def samples(runs: dict[str, Any], name: str) -> Samples:
+        out = {}
+        for key, run in runs.items():
+            dataset, horizon, which, seed = key.split("|")
+            if which == name and run.get("finished", True):
+                out[f"{dataset}/{horizon} seed {seed}"] = value(run)
+        return out
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = record.side("runs.json")
+        return [
+            pair(label(m, r, models), samples(runs, m), samples(runs, r))
+            for m in models
+            for r in rivals
+        ]
+
+    return empirical(read)
+
+
+# ------------------------------------------------------------------------------------- MIL
+
+
+def _mil_runs(record: ExperimentRecord) -> dict[str, dict[str, Any]]:
+    return dict(record.side("runs.json").get("runs", {}))
+
+
+def mil_bags(
+    models: Sequence[str], rival: str, *, against_smallest: bool = False, prefix: bool = False
+) -> Extractor:
+    """Test accuracy at the largest bag size of ``mil-mnist-bags``, paired over seeds: each
+    model against ``rival`` or (``against_smallest``) against itself at the smallest bag size.
+    With ``prefix``, every method whose name starts with a model's name takes part."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _mil_runs(record)
+        sizes = sorted({int(k.split("/")[0]) for k in runs})
+        methods = sorted({k.split("/")[1] for k in runs})
+        chosen = [m for m in methods if any(m == x or (prefix and m.startswith(x)) for x in models)]
+
+        def acc(method: str, size: int) -> Samples:
+            return {
+                f"seed {k.split('/')[2]}": float(r["test_accuracy"])
+                for k, r in runs.items()
+                if k.split("/")[:2] == [str(size), method]
+            }
+
+        if not sizes:
+            return []
+        big = sizes[-1]
+        if against_smallest:
+            return [pair(f"{m} at {sizes[0]}", acc(m, big), acc(m, sizes[0])) for m in chosen]
+        return [pair(rival, acc(m, big), acc(rival, big)) for m in chosen if m != rival]
+
+    return empirical(read)
+
+
+def mil_curves(models: Sequence[str], rival: str) -> Extractor:
+    """Mean test accuracy over the epochs at ``curve_bag_size`` (Figure 4's curves) of every
+    method starting with a name in ``models`` against ``rival``, paired over seeds."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _mil_runs(record)
+
+        def auc(method: str) -> Samples:
+            return {
+                f"bags of {k.split('/')[0]} seed {k.split('/')[2]}": statistics.fmean(
+                    r["curves"]["test_accuracy"]
+                )
+                for k, r in runs.items()
+                if k.split("/")[1] == method and r.get("curves", {}).get("test_accuracy")
+            }
+
+        methods = sorted({k.split("/")[1] for k in runs})
+        chosen = [m for m in methods if any(m.startswith(x) for x in models) and m != rival]
+        return [pair(rival, auc(m), auc(rival)) for m in chosen]
+
+    return empirical(read)
+
+
+def mil_auc(model: str, rival: str, *, exclude: Sequence[str] = ()) -> Extractor:
+    """Fold-mean test ROC-AUC of ``mil-benchmark``, ``model`` against ``rival``, paired over
+    (dataset, seed), leaving out the datasets in ``exclude``."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _mil_runs(record)
+
+        def auc(method: str) -> Samples:
+            folds: dict[str, list[float]] = {}
+            for key, r in runs.items():
+                dataset, which, seed, _fold = key.split("/")
+                if which == method and dataset not in exclude:
+                    folds.setdefault(f"{dataset} seed {seed}", []).append(float(r["test_auc"]))
+            return {u: statistics.fmean(v) for u, v in folds.items()}
+
+        return [pair(rival, auc(model), auc(rival))]
+
+    return empirical(read)
+
+
+# ------------------------------------------------------------------------------- efficiency
+
+
+def efficiency_time(models: Sequence[str], rival: str, *, mode: str = "layer") -> Extractor:
+    """Forward CPU time of each model against ``rival`` (``efficiency/measurements.json``),
+    paired over (d, L) at the larger half of the memory sizes, where the papers' asymptotic
+    claims apply. ``rival`` ``"lowest probability"`` compares a random-mask model with the
+    random-mask model of the lowest masked share."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        points = record.side("measurements.json")["points"]
+        times: dict[str, Samples] = {}
+        for key, p in points.items():
+            p_mode, d, model, size = key.split("|")
+            if p_mode == mode and not p.get("skipped"):
+                times.setdefault(model, {})[f"d={d} L={size}"] = float(p["cpu_seconds"])
+        sizes = sorted({int(u.split("L=")[1]) for s in times.values() for u in s})
+        upper = set(sizes[len(sizes) // 2 :])
+
+        def large(model: str) -> Samples:
+            return {u: v for u, v in times.get(model, {}).items() if int(u.split("L=")[1]) in upper}
+
+        chosen = [m for m in sorted(times) if any(m.startswith(x) for x in models)]
+        if rival == "lowest probability":
+            randoms = sorted((m for m in times if m.startswith("random-")), key=_probability)
+            return [pair(randoms[0], large(m), large(randoms[0])) for m in randoms[1:]]
+        return [pair(rival, large(m), large(rival)) for m in chosen if m != rival]
+
+    return empirical(read)
+
+
+def _probability(model: str) -> float:
+    return float(model.split("-", 1)[1])
+
+
+# -------------------------------------------------------------------------------- Hyper-SET
+
+
+def _hyperset_runs(record: ExperimentRecord) -> dict[str, dict[str, Any]]:
+    runs = record.side("runs.json")
+    return {k: v for k, v in runs.items() if isinstance(v, dict) and v.get("finished", True)}
+
+
+def hyperset_accuracy(pairs: Sequence[tuple[str, str]], *, at: str = "L") -> Extractor:
+    """Accuracy of Hyper-SET runs, ``(model, rival model)`` pairs from ``runs.json`` of
+    ``hyperset-images`` (top-1) or ``hyperset-sudoku`` (board accuracy after ``at`` = ``"L"``
+    iterations, or ``"2L"``; a rival named ``"<model>@L"`` is the same model after L).
+    Every model is one training run, so each comparison has one pair."""
+
+    def value(runs: dict[str, Any], name: str, iterations: int) -> Samples:
+        model, _, when = name.partition("@")
+        run = runs.get(model)
+        if run is None:
+            return {}
+        if "board" not in run:
+            return {"run 0": float(run["accuracy"])}
+        steps = iterations * (2 if (when or at) == "2L" else 1)
+        board = run["board"]
+        return {"run 0": float(board[steps - 1])} if len(board) >= steps else {}
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _hyperset_runs(record)
+        iterations = int(record.config.get("iterations", 1))
+        return [
+            pair(rival, value(runs, model, iterations), value(runs, rival, iterations))
+            for model, rival in pairs
+        ]
+
+    return empirical(read)
+
+
+def hyperset_metric(keys: Sequence[str], *, rival: float = 0.0) -> Extractor:
+    """Scalar metrics of one Hyper-SET run (energy slopes, rank and angle changes) against the
+    constant ``rival`` (one pair each: a single training run)."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        return [
+            Comparison(f"{key} = {rival:g}", (record.metric(key),), (rival,), ("run 0",))
+            for key in keys
+        ]
+
+    return empirical(read)
+
+
+def hyperset_params(model: str) -> Extractor:
+    """The parameter count of a Hyper-SET experiment's ``model`` at the paper preset."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        _require_paper_preset(record)
+        runs = record.side("runs.json")
+        if model not in runs:
+            raise NotTested(f"{record.name} at paper has no {model} run")
+        return Measured(float(runs[model]["params"]))
+
+    return extract
+
+
+def hyperset_toy(record: ExperimentRecord) -> Evidence:
+    """The masked-image-modelling claims need ImageNet-100 and the MaskGIT tokenizer; the
+    experiment's runs are a toy stand-in and test none of them."""
+    raise NotTested(f"{record.name} is a toy stand-in (digits, k-means codes), not ImageNet-100")

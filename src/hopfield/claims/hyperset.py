@@ -1,0 +1,131 @@
+"""The checkable claims of Hyper-SET (Hu, Zou & Xu), with the experiment testing each.
+
+Sources: the paper (§4.5 parameter counts, §5.1 Sudoku with Figs. 3, 5, 6, §5.2 image
+classification with Tables 1, 3, 4 and Fig. 4, §5.3 MIM with Table 2) and the specification's
+claim list (spec §9.3). Every Hyper-SET experiment trains each model once, so its empirical
+verdicts rest on one run and are inconclusive until the experiments train several seeds.
+"""
+
+from __future__ import annotations
+
+from hopfield.claims.claim import Claim
+from hopfield.claims.extract import (
+    hyperset_accuracy,
+    hyperset_metric,
+    hyperset_params,
+    hyperset_toy,
+)
+
+__all__ = ["CLAIMS"]
+
+PAPER = "hyperset"
+
+
+def _params(id: str, location: str, what: str, paper: float, experiment: str, model: str) -> Claim:
+    """A parameter count printed in millions with two decimals (tolerance half a unit)."""
+    return Claim(
+        id, PAPER, location, f"{what} has {paper / 1e6:.2f} M parameters.", paper, "parameters",
+        "equal", "exact", experiment, hyperset_params(model), tolerance=0.005e6,
+    )  # fmt: skip
+
+
+def _missing(id: str, location: str, statement: str, note: str) -> Claim:
+    return Claim(id, PAPER, location, statement, None, "-", "equal", "exact", None, note=note)
+
+
+PARAMETERS = [
+    _params("HS-S4.5-params-sudoku", "§4.5, Fig. 3", "The Sudoku Hyper-SET (d 768)", 5.20e6,
+            "hyperset-sudoku", "hyperset"),
+    _params("HS-S4.5-params-sudoku-transformer", "§4.5, Fig. 3", "The Sudoku Transformer",
+            7.16e6, "hyperset-sudoku", "transformer"),
+    _params("HS-T1-params-small", "Table 1", "The CIFAR-10 Small Hyper-SET", 0.96e6,
+            "hyperset-images", "hyperset"),
+    _params("HS-T1-params-transformer", "Table 1", "The CIFAR-10 Transformer", 1.79e6,
+            "hyperset-images", "transformer"),
+    _params("HS-T1-params-scaleup", "Table 1", "The CIFAR-10 Small Scale-up Hyper-SET", 1.61e6,
+            "hyperset-images", "hyperset-scaleup"),
+    _params("HS-T2-params-mim", "Table 2", "The MIM Hyper-SET", 3.94e6, "hyperset-mim",
+            "hyperset"),
+    _params("HS-T2-params-mim-transformer", "Table 2", "The MIM Transformer", 8.85e6,
+            "hyperset-mim", "transformer"),
+]  # fmt: skip
+
+IDENTITIES = [
+    _missing("HS-E7-gradients", "Eqs. 7, 10, Tables 18-19", "The layer's updates are the "
+             "gradients of its energies (bi-softmax attention, ReLU FF and the alternatives).",
+             "Checked by unit tests (tests/test_hyperset_model.py), not by an experiment."),
+    _missing("HS-S3-sphere", "§3", "RMS-normalised projections lie on spheres of radius √p and "
+             "√M.", "Checked by unit tests (tests/test_hyperset_model.py)."),
+    _missing("HS-S3-identity", "§3.3", "With zero-initialised step sizes the model is the "
+             "identity at initialisation.",
+             "Checked by unit tests (tests/test_hyperset_model.py)."),
+]  # fmt: skip
+
+SUDOKU = [
+    Claim("HS-F3-sudoku", PAPER, "Fig. 3a, §5.1",
+          "On Sudoku, Hyper-SET beats the weight-shared Transformer with fewer parameters.",
+          "54.70 vs 49.30 % boards", "board accuracy after L iterations", "higher", "empirical",
+          "hyperset-sudoku", hyperset_accuracy([("hyperset", "transformer")])),
+    Claim("HS-F3-extrapolation", PAPER, "Fig. 3b, §5.1",
+          "Hyper-SET improves when run for more iterations at test time (2L against L).",
+          "54.70 → 57.23 % boards", "board accuracy after 2L iterations", "higher", "empirical",
+          "hyperset-sudoku", hyperset_accuracy([("hyperset", "hyperset@L")], at="2L")),
+    Claim("HS-F5-energy", PAPER, "Fig. 5, §5.1",
+          "Both energies (attention and feed-forward) decrease along the iterations.",
+          "curves only", "slope of E_ATTN and E_FF over the iterations", "lower", "empirical",
+          "hyperset-sudoku", hyperset_metric(["e_attn_slope", "e_ff_slope"])),
+    Claim("HS-F6-uniformity", PAPER, "Fig. 6, §5.1",
+          "Token representations grow more uniform along the iterations: effective rank and "
+          "average angle rise.", "curves only", "change of effective rank and angle over L",
+          "higher", "empirical", "hyperset-sudoku",
+          hyperset_metric(["erank_change", "angle_change"])),
+]  # fmt: skip
+
+_SCALEUP = "hyperset-scaleup"
+
+IMAGES = [
+    Claim("HS-T1-equal-width", PAPER, "Table 1, §5.2",
+          "At equal width Hyper-SET is within about 2 points of the Transformer with about half "
+          "the parameters.", "88.89 vs 89.90 % (CIFAR-10)", "top-1 accuracy (points)", "equal",
+          "empirical", "hyperset-images", hyperset_accuracy([("hyperset", "transformer")]),
+          min_effect=2.0),
+    Claim("HS-T1-scaleup", PAPER, "Table 1, §5.2",
+          "Width-scaled Hyper-SET at matched parameters beats the Transformer.",
+          "90.11 vs 89.90 % (CIFAR-10)", "top-1 accuracy", "higher", "empirical",
+          "hyperset-images", hyperset_accuracy([(_SCALEUP, "transformer")])),
+    Claim("HS-T3-attention", PAPER, "Table 3",
+          "Bi-softmax attention beats sigmoid attention, which beats linear attention.",
+          "90.11 > 85.93 > 84.88 % (CIFAR-10)", "top-1 accuracy", "higher", "empirical",
+          "hyperset-images",
+          hyperset_accuracy([(_SCALEUP, f"{_SCALEUP}+attention-sigmoid"),
+                             (f"{_SCALEUP}+attention-sigmoid", f"{_SCALEUP}+attention-linear")])),
+    Claim("HS-T3-feedforward", PAPER, "Table 3",
+          "The ReLU feed-forward energy beats the softmax one, which beats the gated one.",
+          "90.11 > 88.20 > 84.99 % (CIFAR-10)", "top-1 accuracy", "higher", "empirical",
+          "hyperset-images",
+          hyperset_accuracy([(_SCALEUP, f"{_SCALEUP}+ff-softmax"),
+                             (f"{_SCALEUP}+ff-softmax", f"{_SCALEUP}+ff-gated")])),
+    Claim("HS-T3-steps", PAPER, "Table 3",
+          "Learned step sizes beat fixed steps 0.1, which beat fixed steps 0.5.",
+          "90.11 > 81.45 > 25.81 % (CIFAR-10)", "top-1 accuracy", "higher", "empirical",
+          "hyperset-images",
+          hyperset_accuracy([(_SCALEUP, f"{_SCALEUP}+fixed-0.1"),
+                             (f"{_SCALEUP}+fixed-0.1", f"{_SCALEUP}+fixed-0.5")])),
+    Claim("HS-F4-layers", PAPER, "Fig. 4",
+          "Splitting the iterations over more distinct layers raises accuracy mildly.",
+          "63.49 → 63.54 / 64.22 / 64.98 % (K = 2 / 6 / 12, CIFAR-100)", "top-1 accuracy",
+          "higher", "empirical", "hyperset-images",
+          hyperset_accuracy([(f"{_SCALEUP}-layers{k}", _SCALEUP) for k in (2, 3, 4, 6, 12)])),
+    Claim("HS-T4-lora", PAPER, "Table 4",
+          "Depth-wise LoRA adapters raise accuracy.", "70.16 → 70.36 … 72.20 % (r = 4 … 32)",
+          "top-1 accuracy", "higher", "empirical", "hyperset-images",
+          hyperset_accuracy([(f"{_SCALEUP}-lora{r}", _SCALEUP) for r in (2, 4, 8, 16, 32)])),
+    Claim("HS-T2-mim", PAPER, "Table 2, §5.3",
+          "In masked image modelling Hyper-SET reaches the Transformer's quality with fewer "
+          "parameters.", "FID/PSNR comparable at 3.94 M vs 8.85 M", "PSNR", "equal",
+          "empirical", "hyperset-mim", hyperset_toy, min_effect=0.5,
+          note="Needs ImageNet-100 and the MaskGIT VQGAN tokenizer; the experiment runs a toy "
+          "stand-in."),
+]  # fmt: skip
+
+CLAIMS: list[Claim] = [*PARAMETERS, *IDENTITIES, *SUDOKU, *IMAGES]

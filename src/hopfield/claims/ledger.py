@@ -1,0 +1,152 @@
+"""The claims ledger: every checkable claim of the three papers, judged from a results folder.
+
+:data:`CLAIMS` gathers the claims of :mod:`hopfield.claims.outeffhop`,
+:mod:`hopfield.claims.nonparametric` and :mod:`hopfield.claims.hyperset`.
+:func:`evaluate` judges each from the experiment records of a folder: ``not implemented`` where
+no experiment tests the claim, ``not tested at this scale`` where the folder holds no record of
+its experiment or the record does not test it (the reason is in ``note``), else the verdict of
+:func:`hopfield.claims.claim.judge`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from hopfield.claims import hyperset, nonparametric, outeffhop
+from hopfield.claims.claim import Claim, Judgement, NotTested, judge
+from hopfield.claims.records import ExperimentRecord, load_records
+from hopfield.claims.verdict import PairedComparison
+
+__all__ = ["CLAIMS", "UNREADABLE", "evaluate", "record_of"]
+
+#: The note of a record whose files lack what the claim's extractor reads (a changed format).
+UNREADABLE = "the record does not have the layout the extractor reads"
+
+CLAIMS: tuple[Claim, ...] = (*outeffhop.CLAIMS, *nonparametric.CLAIMS, *hyperset.CLAIMS)
+
+
+def _check_unique(claims: tuple[Claim, ...]) -> None:
+    seen: set[str] = set()
+    for claim in claims:
+        if claim.id in seen:
+            raise ValueError(f"claim id {claim.id} is declared twice")
+        seen.add(claim.id)
+
+
+_check_unique(CLAIMS)
+
+
+def evaluate(directory: Path | str, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, Any]]:
+    """One record per claim (see :func:`record_of`) from the experiment records in
+    ``directory`` (``directory/<experiment>/results.json``)."""
+    records = load_records(directory)
+    return [_evaluate_one(claim, records) for claim in claims]
+
+
+def _evaluate_one(claim: Claim, records: dict[str, ExperimentRecord]) -> dict[str, Any]:
+    if claim.experiment is None or claim.extract is None:
+        return record_of(claim, Judgement("not implemented"), None, claim.note)
+    present = [records[name] for name in claim.experiments if name in records]
+    if not present:
+        note = f"no {' or '.join(claim.experiments)} results in this folder"
+        return record_of(claim, Judgement("not tested at this scale"), None, note)
+    reasons = []
+    for record in present:
+        try:
+            judgement = judge(claim, claim.extract(record))
+        except NotTested as why:
+            reasons.append(f"{record.name} ({record.preset}): {why}")
+            continue
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            reasons.append(f"{record.name} ({record.preset}): {UNREADABLE} ({error!r})")
+            continue
+        return record_of(claim, judgement, record, claim.note)
+    return record_of(claim, Judgement("not tested at this scale"), present[0], "; ".join(reasons))
+
+
+def _number(value: float | None) -> float | None:
+    """JSON-safe: NaN and infinities become ``None``."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _test(result: PairedComparison) -> dict[str, Any]:
+    wilcoxon: float | str | None = _number(result.p_wilcoxon)
+    if result.p_wilcoxon is None:
+        wilcoxon = "not computable (n < 6 or no non-zero difference)"
+    return {"t": _number(result.t), "p_t": _number(result.p_t), "p_wilcoxon": wilcoxon}
+
+
+def record_of(
+    claim: Claim, judgement: Judgement, record: ExperimentRecord | None, note: str
+) -> dict[str, Any]:
+    """The ledger's record of ``claim``: what the paper says, what we measured, at which scale,
+    with which test, and the verdict.
+
+    Keys: ``id``, ``paper``, ``location``, ``claim``, ``kind``, ``metric``, ``direction``,
+    ``paper_value``, ``experiment``, ``scale`` (the preset of the record used, or ``None``),
+    ``command`` (the run that gave the evidence, or that would), ``ours`` (measured value or
+    mean of ours), ``rival`` and ``rival_value`` (the deciding comparison), ``difference`` (mean
+    difference, positive favours the claim; percent for relative claims), ``seeds`` (number of
+    paired runs), ``units`` (what they are), ``interval`` (95 % t interval of the difference),
+    ``test`` (paired t and Wilcoxon p-values), ``comparisons`` (every rival), ``tolerance``
+    (exact claims), ``verdict`` and ``note``.
+    """
+    out: dict[str, Any] = {
+        "id": claim.id,
+        "paper": claim.paper,
+        "location": claim.location,
+        "claim": claim.statement,
+        "kind": claim.kind,
+        "metric": claim.metric,
+        "direction": claim.direction,
+        "paper_value": claim.paper_value,
+        "experiment": record.name if record is not None else claim.experiment,
+        "scale": record.preset if record is not None else None,
+        "command": _command(claim, record),
+        "ours": _number(judgement.ours),
+        "rival": None,
+        "rival_value": None,
+        "difference": None,
+        "seeds": None,
+        "units": [],
+        "interval": None,
+        "test": None,
+        "comparisons": [],
+        "tolerance": claim.tolerance if claim.kind == "exact" else None,
+        "verdict": judgement.verdict,
+        "note": "; ".join(x for x in (judgement.detail, note) if x),
+    }
+    for i, (comparison, result) in enumerate(judgement.comparisons):
+        entry = {
+            "rival": comparison.rival,
+            "n": result.n,
+            "ours": _number(sum(comparison.ours) / len(comparison.ours)),
+            "rival_value": _number(sum(comparison.rival_values) / len(comparison.rival_values)),
+            "difference": _number(result.mean_difference),
+            "interval": [_number(result.interval[0]), _number(result.interval[1])],
+            "test": _test(result),
+            "units": list(comparison.units),
+            "verdict": result.verdict,
+        }
+        out["comparisons"].append(entry)
+        if i == judgement.deciding:
+            out.update(
+                rival=entry["rival"],
+                rival_value=entry["rival_value"],
+                difference=entry["difference"],
+                seeds=entry["n"],
+                units=entry["units"],
+                interval=entry["interval"],
+                test=entry["test"],
+            )
+    return out
+
+
+def _command(claim: Claim, record: ExperimentRecord | None) -> str | None:
+    if record is not None:
+        return record.command
+    if claim.experiment is None:
+        return None
+    return f"hopfield run {claim.experiment} --preset small"

@@ -1,0 +1,271 @@
+"""The checkable claims of OutEffHop (Hu et al., ICML 2024), with the experiment testing each.
+
+Sources: the paper (ICML version; Table 1, Table 2, Figs. 5-7, Lemma 2.1, Thms 3.1-3.4,
+Cor. 3.2.1, Lemma C.6, App. B.1) and the specification's claim list (spec §7.7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hopfield.claims.claim import Claim, Evidence, Extractor
+from hopfield.claims.extract import (
+    combine,
+    convergence_speed,
+    formation_variants,
+    outlier_params,
+    outlier_variants,
+    retrieval,
+    retrieval_drop,
+    stanhop,
+    stanhop_params,
+    theory_check,
+)
+from hopfield.claims.records import ExperimentRecord
+
+__all__ = ["CLAIMS"]
+
+PAPER = "outeffhop"
+
+
+def _theory(id: str, location: str, statement: str, source: str, check: str) -> Claim:
+    return Claim(
+        id, PAPER, location, statement, 0, "violations", "equal", "exact", "theory",
+        theory_check(source, check),
+    )  # fmt: skip
+
+
+def _missing(
+    id: str, location: str, statement: str, paper_value: object, note: str, kind: str = "empirical"
+) -> Claim:
+    return Claim(id, PAPER, location, statement, paper_value, "-", "equal", kind, None, note=note)
+
+
+THEORY = [
+    _theory("OEH-L2.1-energy", "Lemma 2.1", "The OutEffHop energy never increases along the "
+            "retrieval update T_OutEff.", "OutEffHop Lemma 2.1", "OutEffHop energy never"),
+    _theory("OEH-T3.1-convergence", "Thm 3.1", "OutEffHop iterates converge to stationary points "
+            "of the energy.", "OutEffHop Thm 3.1", "OutEffHop iterates converge"),
+    _theory("OEH-S2.3-gamma", "§2.3, Lemma 2.1", "One Softmax_1 retrieval step is γ(x) times one "
+            "softmax step.", "OutEffHop §2.3", "one Softmax_1 step"),
+    _theory("OEH-C6-lipschitz", "Lemma C.6", "Softmax_1 is 2-Lipschitz from ℓ∞ to ℓ1.",
+            "OutEffHop Lemma C.6", "Softmax_1 is 2-Lipschitz"),
+    _theory("OEH-C3.2.1-closer", "Cor. 3.2.1", "OutEffHop retrieves closer to the memory than "
+            "dense retrieval iff (γ+1)‖v1‖² ≥ 2 v1·ξ.", "OutEffHop Cor. 3.2.1",
+            "‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ iff"),
+    _theory("OEH-T3.2-bound", "Thm 3.2", "‖T_OutEff(x) − ξ_µ‖ ≤ γ·2m(M−1)exp(−βΔ̃_µ) (the printed "
+            "retrieval error bound).", "OutEffHop Thm 3.2", "‖T_OutEff - ξ_µ‖ <= γ"),
+    _theory("OEH-T3.3-capacity", "Thm 3.3, Lemma C.1", "OutEffHop's capacity lower bound is at "
+            "least the modern Hopfield model's.", "OutEffHop Thm 3.3 / Lemma C.1",
+            "capacity bound"),
+    _missing("OEH-T3.4-generalization", "Thm 3.4", "The OutEffHop layer's generalization bound.",
+             "bound", "No experiment evaluates the bound (no experiment uses it, spec §8.8).",
+             "exact"),
+    _missing("OEH-B1-example", "App. B.1", "Softmax_1(−10, −10, −10) ≈ 5·10⁻⁵ each, where softmax "
+             "gives 1/3.", 5e-5, "Checked by the unit test tests/test_separation.py, not by an "
+             "experiment.", "exact"),
+]  # fmt: skip
+
+MEMORY = [
+    Claim("OEH-F5-capacity", PAPER, "Fig. 5 (App. D.2)",
+          "OutEffHop retrieves more stored patterns than Dense, Sparse and 10th-order polynomial "
+          "Hopfield models, especially when the memory set is large.", "figure only",
+          "retrieval success (relative error ≤ 0.1) at the largest memory size", "higher",
+          "empirical", "memory-capacity",
+          retrieval(["outeffhop"], ["dense", "sparse", "poly10"], study="outeffhop",
+                    criterion="rel"),
+          note="Relative-error criterion with the most update steps run: one step of OutEffHop "
+          "is γ times dense's, so a cosine criterion cannot separate them (spec §5.3)."),
+    Claim("OEH-F6-noise", PAPER, "Fig. 6 (App. D.2)",
+          "OutEffHop excels when the signal-to-noise ratio is low (beats Dense, Sparse and "
+          "polynomial Hopfield models at the highest noise).", "figure only",
+          "retrieval success (relative error ≤ 0.1) at the highest noise", "higher", "empirical",
+          "noise-robustness",
+          retrieval(["outeffhop"], ["dense", "sparse", "poly10"], study="outeffhop",
+                    criterion="rel")),
+    Claim("OEH-F6-noise-impact", PAPER, "Fig. 6 (App. D.2)",
+          "As the noise level rises, OutEffHop loses less retrieval success than dense retrieval.",
+          "figure only", "success drop from the lowest to the highest noise", "lower",
+          "empirical", "noise-robustness",
+          retrieval_drop(["outeffhop"], "dense", study="outeffhop", criterion="rel")),
+    Claim("OEH-F7-convergence", PAPER, "Fig. 7, Table 3",
+          "OutEffHop layers in a ViT converge faster than Dense and Sparse Hopfield layers.",
+          "curves only", "mean test accuracy over the epochs", "higher", "empirical",
+          "convergence", convergence_speed("outeffhop", ["dense", "sparse"])),
+]  # fmt: skip
+
+# Table 1's numbers per model: (vanilla, OutEffHop) avg kurtosis, max inf norm, FP, W8A8.
+_TABLE1 = {
+    "bert": ("418.724 → 26.564", "255.859 → 33.618", "6.237 → 6.209 ppl", "7.154 → 6.295 ppl"),
+    "opt": ("23341.5 → 21.542", "92.786 → 13.302", "15.974 → 15.916 ppl", "42.012 → 16.429 ppl"),
+    "vit": ("37.104 → 31.601", "272.198 → 249.163", "76.810 → 76.788 %", "74.935 → 76.313 %"),
+    "stanhop": ("2.954 → 2.897", "5.048 → 4.565", "0.360 → 0.360 MSE", "0.362 → 0.355 MSE"),
+}
+_CLIPPED = {
+    "bert": "14.210 → 11.839, 33.619 → 30.107",
+    "opt": "9731.1 → 24127.3, 43.803 → 67.602",
+    "vit": "33.868 → 24.642, 257.613 → 196.199",
+    "stanhop": "2.995 → 2.864, 4.890 → 4.145",
+}
+_GATED = {
+    "bert": "17.779 → 15.625, 34.082 → 32.777",
+    "opt": "90.321 → 11.449, 13.704 → 7.568",
+    "vit": "45.145 → 21.979, 269.279 → 60.169",
+    "stanhop": "2.487 → 2.459, 4.277 → 4.240",
+}
+# Table 1's parameter counts, with half a unit of the printed last digit as tolerance.
+_PARAMS = {"bert": (108.9e6, 0.05e6), "opt": (124.06e6, 0.005e6), "vit": (22.03e6, 0.005e6),
+           "stanhop": (35.13e6, 0.005e6)}  # fmt: skip
+_NAMES = {"bert": "BERT", "opt": "OPT", "vit": "ViT", "stanhop": "STanHop-Net"}
+
+Pair = tuple[str, str, str]
+
+
+def _opt(pairs: Sequence[Pair], needs_outliers: bool) -> Extractor:
+    """OPT evidence from ``outlier-formation`` (its variant names and ``compare.json`` metric
+    names) or from the ``outliers`` study."""
+    names = {"max_inf_norm": "max_inf_norm", "avg_kurtosis": "avg_kurtosis", "fp": "fp_ppl",
+             "w8a8_degradation": "w8a8_gap_pct", "special_mass": "special_mass"}  # fmt: skip
+    formation = formation_variants(
+        [(new, old, names[m]) for new, old, m in pairs], needs_outliers=needs_outliers
+    )
+    study = outlier_variants("opt", pairs, needs_outliers=needs_outliers)
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        return formation(record) if record.name == "outlier-formation" else study(record)
+
+    return extract
+
+
+def _evidence(model: str, pairs: Sequence[Pair], needs_outliers: bool = True) -> Extractor:
+    if model == "opt":
+        return _opt(pairs, needs_outliers)
+    if model == "stanhop":
+        stan = {"softmax": "dense", "softmax1": "outeffhop", "clipped_softmax1":
+                "clipped_outeffhop", "gated_softmax1": "gated_outeffhop"}  # fmt: skip
+        # Table 1's STanHop-Net rows are ETTh1 at horizon 24
+        return combine(
+            *(
+                stanhop(stan.get(a, a), [stan.get(b, b)], "mse" if m == "fp" else m,
+                        settings=[("ETTh1", 24)])
+                for a, b, m in pairs
+            )
+        )  # fmt: skip
+    return outlier_variants(model, pairs, needs_outliers=needs_outliers)
+
+
+def _experiments(model: str) -> tuple[str, tuple[str, ...]]:
+    if model == "stanhop":
+        return "stanhop-outliers", ()
+    if model == "opt":
+        return "outlier-formation", ("outliers", "outliers-opt")
+    return "outliers", (f"outliers-{model}",)
+
+
+def _table1(model: str) -> list[Claim]:
+    name, (kurt, inf, fp, w8a8) = _NAMES[model], _TABLE1[model]
+    first, also = _experiments(model)
+    outliers = model != "stanhop"  # STanHop-Net's vanilla kurtosis is 2.95: no outliers needed
+    vanilla = ("softmax1", "softmax")
+    both = ("avg_kurtosis", "max_inf_norm")
+    clipped = "higher" if model == "opt" else "lower"
+    claims = [
+        Claim(f"OEH-T1-kurtosis-{model}", PAPER, "Table 1",
+              f"{name}: OutEffHop lowers the average kurtosis of vanilla attention.", kurt,
+              "avg kurtosis", "lower", "empirical", first,
+              _evidence(model, [(*vanilla, "avg_kurtosis")], outliers), also=also),
+        Claim(f"OEH-T1-infnorm-{model}", PAPER, "Table 1",
+              f"{name}: OutEffHop lowers the maximum infinity norm of vanilla attention.", inf,
+              "max inf norm", "lower", "empirical", first,
+              _evidence(model, [(*vanilla, "max_inf_norm")], outliers), also=also),
+        Claim(f"OEH-T1-fp-{model}", PAPER, "Table 1",
+              f"{name}: OutEffHop keeps the full-precision task metric of vanilla attention "
+              "(within 5 %).", fp, "FP perplexity / top-1 / MSE, change in %", "equal",
+              "empirical", first, _evidence(model, [(*vanilla, "fp")], False),
+              min_effect=5.0, relative=True, also=also),
+        Claim(f"OEH-T1-w8a8-{model}", PAPER, "Table 1",
+              f"{name}: W8A8 quantization costs OutEffHop less than vanilla attention.", w8a8,
+              "W8A8 − FP degradation", "lower", "empirical", first,
+              _evidence(model, [(*vanilla, "w8a8_degradation")], outliers), also=also),
+        Claim(f"OEH-T1-clipped-{model}", PAPER, "Table 1",
+              f"{name}: Clipped OutEffHop " + ("raises (Table 1's exception)" if clipped ==
+              "higher" else "lowers") + " the average kurtosis and max inf norm of Clipped "
+              "Softmax.", _CLIPPED[model], "avg kurtosis, max inf norm", clipped, "empirical",
+              first, _evidence(model, [("clipped_softmax1", "clipped", m) for m in both],
+                               outliers), also=also),
+        Claim(f"OEH-T1-gated-{model}", PAPER, "Table 1",
+              f"{name}: Gated OutEffHop lowers the average kurtosis and max inf norm of Gated "
+              "Attention.", _GATED[model], "avg kurtosis, max inf norm", "lower", "empirical",
+              first, _evidence(model, [("gated_softmax1", "gated", m) for m in both], outliers),
+              also=also),
+    ]  # fmt: skip
+    paper, tolerance = _PARAMS[model]
+    params = stanhop_params("outeffhop") if model == "stanhop" else outlier_params(model, "softmax")
+    param_experiment = "stanhop-outliers" if model == "stanhop" else "outliers"
+    claims.append(
+        Claim(f"OEH-T1-params-{model}", PAPER, "Table 1",
+              f"{name} has the parameter count Table 1 prints.", paper, "parameters", "equal",
+              "exact", param_experiment, params, tolerance=tolerance,
+              also=() if model == "stanhop" else (f"outliers-{model}",))
+    )  # fmt: skip
+    return claims
+
+
+MECHANISM = [
+    Claim(f"OEH-S2.1-sink-{model}", PAPER, "§2.1, App. B.1",
+          f"{_NAMES[model]}: Softmax_1 heads put less attention on the no-op (delimiter, BOS, "
+          "[CLS]) tokens than vanilla heads.", "no number", "attention mass on no-op tokens",
+          "lower", "empirical", _experiments(model)[0],
+          _evidence(model, [("softmax1", "softmax", "special_mass")], False),
+          also=_experiments(model)[1])
+    for model in ("bert", "opt", "vit")
+]  # fmt: skip
+
+STANHOP = [
+    Claim("OEH-T2-kurtosis", PAPER, "Table 2",
+          "STanHop-Net: OutEffHop lowers the average kurtosis against the Hopfield, Sparse "
+          "Hopfield and STanHop (GSH) associations (3 datasets × 5 horizons).", "4 % lower",
+          "avg kurtosis", "lower", "empirical", "stanhop-outliers",
+          stanhop("outeffhop", ["dense", "sparse", "gsh"], "avg_kurtosis")),
+    Claim("OEH-T2-infnorm", PAPER, "Table 2",
+          "STanHop-Net: OutEffHop lowers the maximum infinity norm against the Hopfield, Sparse "
+          "Hopfield and STanHop (GSH) associations.", "3 % lower", "max inf norm", "lower",
+          "empirical", "stanhop-outliers",
+          stanhop("outeffhop", ["dense", "sparse", "gsh"], "max_inf_norm")),
+    Claim("OEH-T2-mse", PAPER, "Table 2",
+          "STanHop-Net: OutEffHop costs only a marginal sacrifice of forecasting MSE against the "
+          "Hopfield association (within 5 %).", "0.361 vs 0.360 (ETTh1/24)",
+          "test MSE, change in %",
+          "equal", "empirical", "stanhop-outliers", stanhop("outeffhop", ["dense"], "mse"),
+          min_effect=5.0, relative=True),
+]  # fmt: skip
+
+UNTESTED = [
+    _missing("OEH-F3-depth", "Fig. 3, App. D.1", "BERT: vanilla FFN outputs grow outliers in "
+             "deeper layers; OutEffHop keeps their max inf norm consistent across layers.",
+             "curves only", "The outliers experiment draws Figure 3 (figure3_<model>.png) but "
+             "keeps no per-seed numbers to test."),
+    _missing("OEH-F4-layernorm", "Fig. 4, App. D.1", "BERT layer 10: the first residual "
+             "LayerNorm after attention has larger outliers with OutEffHop than with vanilla "
+             "attention (the stated limitation).", "curves only", "Figure 4 is drawn, not tested."),
+    _missing("OEH-abstract-kurtosis", "Abstract, §4.1", "OutEffHop reduces the average kurtosis "
+             "by 22+ % on average over the 12 (model, baseline) pairs of Table 1.", 22.0,
+             "An aggregate of the OEH-T1-* claims over four models; no experiment computes it "
+             "over paired runs."),
+    _missing("OEH-abstract-infnorm", "Abstract, §4.1", "OutEffHop reduces the maximum infinity "
+             "norm by 26+ % on average over the 12 pairs of Table 1.", 26.0,
+             "An aggregate of the OEH-T1-* claims."),
+    _missing("OEH-S4.1-int8", "§4.1", "One outlier inflates the per-tensor INT8 quantization "
+             "error of the other entries (the premise of the W8A8 study).", "no number",
+             "Checked by the unit tests of hopfield.outliers (tests/test_quantization.py).",
+             "exact"),
+]  # fmt: skip
+
+CLAIMS: list[Claim] = [
+    *THEORY,
+    *MEMORY,
+    *MECHANISM,
+    *(c for model in ("bert", "opt", "vit", "stanhop") for c in _table1(model)),
+    *STANHOP,
+    *UNTESTED,
+]

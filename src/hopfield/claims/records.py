@@ -1,0 +1,94 @@
+"""An experiment's results as the claims ledger reads them: ``results.json`` and the small JSON
+records the experiment keeps beside it (per-seed runs, per-memory-set values)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hopfield.claims.claim import NotTested
+
+__all__ = ["RESULTS_FILE", "ExperimentRecord", "load_records"]
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class ExperimentRecord:
+    """The record of one experiment run: ``folder/results.json`` (written by
+    :func:`hopfield.experiments.runner.run_experiment`) and its side files.
+
+    Attributes:
+        folder: the experiment's results folder (``DIR/<experiment>``).
+        data: the parsed ``results.json``.
+    """
+
+    folder: Path
+    data: dict[str, Any]
+
+    @classmethod
+    def load(cls, folder: Path | str) -> ExperimentRecord:
+        """Read ``folder/results.json``."""
+        folder = Path(folder)
+        data = json.loads((folder / RESULTS_FILE).read_text())
+        if not isinstance(data, dict) or "results" not in data:
+            raise ValueError(f"{folder / RESULTS_FILE} is not an experiment record")
+        return cls(folder, data)
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("experiment", self.folder.name))
+
+    @property
+    def preset(self) -> str:
+        return str(self.data.get("preset", "?"))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.data.get("config", {}))
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self.data["results"].get("metrics", {}))
+
+    @property
+    def command(self) -> str:
+        """The command that wrote the record (its ``--set`` overrides are in its config)."""
+        return f"hopfield run {self.name} --preset {self.preset}"
+
+    def metric(self, key: str) -> float:
+        """The scalar metric ``key``; :class:`NotTested` if the run did not record it."""
+        if key not in self.metrics:
+            raise NotTested(f"{self.name} at {self.preset} recorded no metric {key!r}")
+        return float(self.metrics[key])
+
+    def table(self, prefix: str) -> tuple[list[str], list[list[Any]]]:
+        """``(columns, rows)`` of the first table whose name starts with ``prefix``."""
+        for table in self.data["results"].get("tables", []):
+            if str(table["name"]).startswith(prefix):
+                return list(table["columns"]), [list(r) for r in table["rows"]]
+        raise NotTested(f"{self.name} at {self.preset} has no table {prefix!r}")
+
+    def side(self, relative: str) -> Any:
+        """The JSON file ``relative`` of the experiment's folder; :class:`NotTested` if absent."""
+        path = self.folder / relative
+        if not path.is_file():
+            raise NotTested(f"{self.name}: {relative} is missing beside results.json")
+        return json.loads(path.read_text())
+
+    def files(self, pattern: str) -> list[Path]:
+        """Files of the experiment's folder matching the glob ``pattern``, sorted."""
+        return sorted(self.folder.glob(pattern))
+
+
+def load_records(directory: Path | str) -> dict[str, ExperimentRecord]:
+    """``{experiment: record}`` for every ``directory/<experiment>/results.json``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is not a directory")
+    return {
+        path.parent.name: ExperimentRecord.load(path.parent)
+        for path in sorted(directory.glob(f"*/{RESULTS_FILE}"))
+    }

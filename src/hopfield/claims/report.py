@@ -1,0 +1,144 @@
+"""``claims.json`` and ``CLAIMS.md``: the ledger of a results folder as data and as one table."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hopfield.claims.claim import PAPERS
+from hopfield.claims.ledger import evaluate
+from hopfield.claims.verdict import VERDICTS
+
+__all__ = ["JSON_FILE", "MARKDOWN_FILE", "render_markdown", "write_ledger"]
+
+JSON_FILE = "claims.json"
+MARKDOWN_FILE = "CLAIMS.md"
+
+TITLES = {
+    "outeffhop": "OutEffHop (Hu et al., ICML 2024)",
+    "nonparametric": "Nonparametric modern Hopfield models (Hu et al., ICML 2025)",
+    "hyperset": "Hyper-SET (Hu, Zou & Xu)",
+}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_ledger(directory: Path | str) -> tuple[Path, Path]:
+    """Judge every claim from the records in ``directory`` and write ``directory/claims.json``
+    and ``directory/CLAIMS.md``; returns both paths."""
+    directory = Path(directory)
+    records = evaluate(directory)
+    json_path, md_path = directory / JSON_FILE, directory / MARKDOWN_FILE
+    _atomic_write(json_path, json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+    _atomic_write(md_path, render_markdown(records, source=directory.name or str(directory)))
+    return json_path, md_path
+
+
+def _cell(value: Any) -> str:
+    """A table cell: numbers with four significant digits (millions as ``M`` with six), ``None``
+    as –."""
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value / 1e6:.6g} M" if abs(value) >= 1e5 else f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _interval(record: dict[str, Any]) -> str:
+    interval = record["interval"]
+    if not interval or interval[0] is None:
+        return "–"
+    return f"[{interval[0]:+.3g}, {interval[1]:+.3g}]"
+
+
+def _p(record: dict[str, Any]) -> str:
+    test = record["test"]
+    if not test or test["p_t"] is None:
+        return "–"
+    text = f"{test['p_t']:.2g}"
+    if isinstance(test["p_wilcoxon"], float):
+        text += f"; W {test['p_wilcoxon']:.2g}"
+    return text
+
+
+def _ours(record: dict[str, Any]) -> str:
+    if record["ours"] is None:
+        return "–"
+    if record["kind"] == "exact":
+        return f"{_cell(record['ours'])} {record['metric']}"
+    vs = f" vs {record['rival']} {_cell(record['rival_value'])}" if record["rival"] else ""
+    return f"{_cell(record['ours'])}{vs}"
+
+
+def _paper(record: dict[str, Any]) -> str:
+    value = _cell(record["paper_value"])
+    if record["kind"] == "exact" and isinstance(record["paper_value"], (int, float)):
+        scale = 1e6 if abs(record["paper_value"]) >= 1e5 else 1.0
+        tolerance = record["tolerance"] / scale
+        tolerance = f" ± {tolerance:g}{' M' if scale > 1 else ''}" if tolerance else ""
+        return f"{value}{tolerance} {record['metric']}"
+    return value
+
+
+def _totals(records: Sequence[dict[str, Any]]) -> str:
+    counts = Counter(r["verdict"] for r in records)
+    return ", ".join(f"{v}: {counts[v]}" for v in VERDICTS if counts[v])
+
+
+def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
+    """The ledger as Markdown: totals per verdict, then one table grouped by paper."""
+    lines = [
+        "# Claims ledger",
+        "",
+        f"Every checkable claim of the three papers, judged from the experiment records in "
+        f"`{source}` (regenerate with `hopfield claims {source}`). Empirical verdicts come from "
+        "paired independent runs (95 % t interval of the mean difference, paired t-test, "
+        "Wilcoxon signed-rank from 6 pairs); fewer than 3 runs or a tie is `inconclusive`. "
+        "Exact claims hold within their tolerance. `ours` is the mean over the runs against the "
+        "deciding rival's; `n` counts the pairs; the interval is of the difference, positive "
+        "favouring the claim (for 'equal' claims it must lie inside the margin).",
+        "",
+        f"**Totals ({len(records)} claims):** {_totals(records)}.",
+        "",
+        "| paper | holds | does not hold | inconclusive | not tested at this scale | "
+        "not implemented |",
+        "|---|---|---|---|---|---|",
+    ]
+    for paper in PAPERS:
+        counts = Counter(r["verdict"] for r in records if r["paper"] == paper)
+        lines.append(f"| {paper} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
+    lines += [
+        "",
+        "| id | where | claim | paper | ours | n | 95 % interval | p (paired t; W: Wilcoxon) "
+        "| verdict | scale |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for paper in PAPERS:
+        lines.append(f"| **{TITLES[paper]}** | | | | | | | | | |")
+        for r in (r for r in records if r["paper"] == paper):
+            cells = [
+                f"`{r['id']}`",
+                _cell(r["location"]),
+                _cell(r["claim"]),
+                _paper(r),
+                _ours(r),
+                _cell(r["seeds"]),
+                _interval(r),
+                _p(r),
+                f"**{r['verdict']}**",
+                _cell(r["scale"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    notes = [r for r in records if r["note"]]
+    if notes:
+        lines += ["", "## Notes", ""]
+        lines += [f"* `{r['id']}`: {_cell(r['note'])}" for r in notes]
+    return "\n".join(lines) + "\n"
