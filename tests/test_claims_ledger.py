@@ -246,3 +246,14 @@ def test_cli_claims_and_reproduce_on_real_tiny_runs(
     assert json.loads((tmp_path / JSON_FILE).read_text()) == list(records.values())
     with pytest.raises(SystemExit, match="not a directory"):
         main(["claims", str(tmp_path / "absent")])
+
+
+def test_docs_list_the_declared_and_unimplemented_claims() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "claims.md").read_text()
+    unimplemented = text.split("Not implemented (no experiment tests them):")[1].split("##")[0]
+    listed = set(re.findall(r"`([A-Z]+-[A-Za-z0-9.\-]+)`", unimplemented))
+    assert listed == {c.id for c in CLAIMS if c.experiment is None}
+    counts = {p: sum(c.paper == p for c in CLAIMS) for p in ("outeffhop", "nonparametric")}
+    assert f"{len(CLAIMS)} claims: {counts['outeffhop']} of OutEffHop" in text
+    assert f"{counts['nonparametric']} of the nonparametric models" in text
+    assert f"{len(CLAIMS) - sum(counts.values())} of Hyper-SET" in text

@@ -59,8 +59,7 @@ THEORY = [
     _theory("NP-P4.1-exponential", "Prop. 4.1", "The capacity is exponential in d (C > 1) iff "
             "b > a.", "Prop. 4.1", "C > 1"),
     _missing("NP-L3.1-kernel", "Lemma 3.1", "Dense retrieval is the kernel regression (SVR) "
-             "solution with the exponential kernel.", "Checked by unit tests of the retrieval "
-             "functions, not by an experiment."),
+             "solution with the exponential kernel.", "No experiment checks it."),
     _missing("NP-T3.1-svr", "Thm 3.1", "The SVR memory's solution w*_i = Σ_µ (α_µ − α̃_µ)Φ(ξ_µ) "
              "retrieves every memory within ϵ.", "No experiment fits the SVR memory."),
     _missing("NP-C4.1.2-one-step", "Cor. 4.1.2", "One Top-K step's error is exponentially "
