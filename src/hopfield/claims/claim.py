@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hopfield.claims.verdict import DIRECTIONS, PairedComparison, compare_paired, exact_verdict
@@ -43,12 +43,14 @@ class Comparison:
         rival: what ours is compared with (``"vanilla"``, ``"dense"``, ``"L iterations"``...).
         ours, rival_values: one value per run, paired by position.
         units: what a pair is (``"seed 0"``, ``"set 2"``, ``"ETTh1/24 seed 1"``).
+        model: which of ours, when a claim compares several models (``"topk-20"``).
     """
 
     rival: str
     ours: tuple[float, ...]
     rival_values: tuple[float, ...]
     units: tuple[str, ...]
+    model: str = ""
 
     def __post_init__(self) -> None:
         if not len(self.ours) == len(self.rival_values) == len(self.units):
@@ -164,7 +166,7 @@ def _relative(comparison: Comparison) -> Comparison:
         100 * (o - r) / abs(r)
         for o, r in zip(comparison.ours, comparison.rival_values, strict=True)
     )
-    return Comparison(comparison.rival, changes, (0.0,) * len(changes), comparison.units)
+    return replace(comparison, ours=changes, rival_values=(0.0,) * len(changes))
 
 
 def judge(claim: Claim, evidence: Evidence) -> Judgement:

@@ -40,17 +40,12 @@ Samples = dict[str, float]
 """Values keyed by the independent run (unit) they come from."""
 
 
-def pair(rival: str, ours: Samples, others: Samples) -> Comparison:
-    """The comparison of ``ours`` with ``others`` over the units both have."""
+def pair(rival: str, ours: Samples, others: Samples, model: str = "") -> Comparison:
+    """The comparison of ``ours`` (of ``model``) with ``others`` over the units both have."""
     units = [u for u in ours if u in others]
     return Comparison(
-        rival, tuple(ours[u] for u in units), tuple(others[u] for u in units), tuple(units)
+        rival, tuple(ours[u] for u in units), tuple(others[u] for u in units), tuple(units), model
     )
-
-
-def label(model: str, rival: str, models: Sequence[str]) -> str:
-    """A comparison's name: the rival, or ``model vs rival`` when several models are compared."""
-    return rival if len(models) == 1 else f"{model} vs {rival}"
 
 
 def _require_real_runs(record: ExperimentRecord) -> None:
@@ -190,7 +185,7 @@ def retrieval(
                 points, model, study=study, criterion=criterion, steps=n_steps, level=top
             )
 
-        return [pair(label(m, r, models), at(m), at(r)) for m in models for r in rivals]
+        return [pair(r, at(m), at(r), m) for m in models for r in rivals]
 
     return empirical(read)
 
@@ -213,7 +208,7 @@ def retrieval_drop(models: Sequence[str], against: str, *, study: str, criterion
             )
             return {u: first[u] - last[u] for u in first if u in last}
 
-        return [pair(f"{against}'s drop", drop(m), drop(against)) for m in models]
+        return [pair(f"{against}'s drop", drop(m), drop(against), m) for m in models]
 
     return empirical(read)
 
@@ -236,7 +231,7 @@ def convergence_speed(model: str, rivals: Sequence[str]) -> Extractor:
                 if run.get("test_accuracy")
             }
 
-        return [pair(r, auc(model), auc(r)) for r in rivals]
+        return [pair(r, auc(model), auc(r), model) for r in rivals]
 
     return empirical(read)
 
@@ -311,6 +306,7 @@ def outlier_variants(
                     f"{old} ({metric})",
                     {u: _outlier_value(family, metric, r) for u, r in ours.items()},
                     {u: _outlier_value(family, metric, r) for u, r in rival.items()},
+                    new,
                 )
             )
         return out
@@ -353,7 +349,9 @@ def formation_variants(
                 if key.split("/seed")[0] == variant
             }
 
-        return [pair(f"{old} ({m})", samples(new, m), samples(old, m)) for new, old, m in pairs]
+        return [
+            pair(f"{old} ({m})", samples(new, m), samples(old, m), new) for new, old, m in pairs
+        ]
 
     return empirical(read)
 
@@ -388,7 +386,7 @@ def stanhop(
         if not ours:
             wanted = ", ".join(f"{d}/{h}" for d, h in settings) or "the real datasets"
             raise NotTested(f"stanhop-outliers at {record.preset} has no {model} runs on {wanted}")
-        return [pair(r, ours, samples(runs, r)) for r in rivals]
+        return [pair(r, ours, samples(runs, r), model) for r in rivals]
 
     return empirical(read)
 
@@ -430,11 +428,7 @@ def timeseries(models: Sequence[str], rivals: Sequence[str], metric: str) -> Ext
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         runs = record.side("runs.json")
-        return [
-            pair(label(m, r, models), samples(runs, m), samples(runs, r))
-            for m in models
-            for r in rivals
-        ]
+        return [pair(r, samples(runs, m), samples(runs, r), m) for m in models for r in rivals]
 
     return empirical(read)
 
@@ -470,8 +464,8 @@ def mil_bags(
             return []
         big = sizes[-1]
         if against_smallest:
-            return [pair(f"{m} at {sizes[0]}", acc(m, big), acc(m, sizes[0])) for m in chosen]
-        return [pair(rival, acc(m, big), acc(rival, big)) for m in chosen if m != rival]
+            return [pair(f"bags of {sizes[0]}", acc(m, big), acc(m, sizes[0]), m) for m in chosen]
+        return [pair(rival, acc(m, big), acc(rival, big), m) for m in chosen if m != rival]
 
     return empirical(read)
 
@@ -494,7 +488,7 @@ def mil_curves(models: Sequence[str], rival: str) -> Extractor:
 
         methods = sorted({k.split("/")[1] for k in runs})
         chosen = [m for m in methods if any(m.startswith(x) for x in models) and m != rival]
-        return [pair(rival, auc(m), auc(rival)) for m in chosen]
+        return [pair(rival, auc(m), auc(rival), m) for m in chosen]
 
     return empirical(read)
 
@@ -514,7 +508,7 @@ def mil_auc(model: str, rival: str, *, exclude: Sequence[str] = ()) -> Extractor
                     folds.setdefault(f"{dataset} seed {seed}", []).append(float(r["test_auc"]))
             return {u: statistics.fmean(v) for u, v in folds.items()}
 
-        return [pair(rival, auc(model), auc(rival))]
+        return [pair(rival, auc(model), auc(rival), model)]
 
     return empirical(read)
 
@@ -544,8 +538,8 @@ def efficiency_time(models: Sequence[str], rival: str, *, mode: str = "layer") -
         chosen = [m for m in sorted(times) if any(m.startswith(x) for x in models)]
         if rival == "lowest probability":
             randoms = sorted((m for m in times if m.startswith("random-")), key=_probability)
-            return [pair(randoms[0], large(m), large(randoms[0])) for m in randoms[1:]]
-        return [pair(rival, large(m), large(rival)) for m in chosen if m != rival]
+            return [pair(randoms[0], large(m), large(randoms[0]), m) for m in randoms[1:]]
+        return [pair(rival, large(m), large(rival), m) for m in chosen if m != rival]
 
     return empirical(read)
 
@@ -583,7 +577,12 @@ def hyperset_accuracy(pairs: Sequence[tuple[str, str]], *, at: str = "L") -> Ext
         runs = _hyperset_runs(record)
         iterations = int(record.config.get("iterations", 1))
         return [
-            pair(rival, value(runs, model, iterations), value(runs, rival, iterations))
+            pair(
+                rival.replace("@L", " after L iterations"),
+                value(runs, model, iterations),
+                value(runs, rival, iterations),
+                model,
+            )
             for model, rival in pairs
         ]
 
@@ -596,7 +595,7 @@ def hyperset_metric(keys: Sequence[str], *, rival: float = 0.0) -> Extractor:
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         return [
-            Comparison(f"{key} = {rival:g}", (record.metric(key),), (rival,), ("run 0",))
+            Comparison(f"{rival:g}", (record.metric(key),), (rival,), ("run 0",), key)
             for key in keys
         ]
 

@@ -87,9 +87,10 @@ def record_of(
     Keys: ``id``, ``paper``, ``location``, ``claim``, ``kind``, ``metric``, ``direction``,
     ``paper_value``, ``experiment``, ``scale`` (the preset of the record used, or ``None``),
     ``command`` (the run that gave the evidence, or that would), ``ours`` (measured value or
-    mean of ours), ``rival`` and ``rival_value`` (the deciding comparison), ``difference`` (mean
-    difference, positive favours the claim; percent for relative claims), ``seeds`` (number of
-    paired runs), ``units`` (what they are), ``interval`` (95 % t interval of the difference),
+    mean of ours), ``model`` (which of ours), ``rival`` and ``rival_value`` (the deciding
+    comparison), ``difference`` (mean difference, positive favours the claim; percent for
+    relative claims), ``seeds`` (number of paired runs), ``units`` (what they are),
+    ``interval`` (95 % t interval of the difference),
     ``test`` (paired t and Wilcoxon p-values), ``comparisons`` (every rival), ``tolerance``
     (exact claims), ``verdict`` and ``note``.
     """
@@ -106,6 +107,7 @@ def record_of(
         "scale": record.preset if record is not None else None,
         "command": _command(claim, record),
         "ours": _number(judgement.ours),
+        "model": None,
         "rival": None,
         "rival_value": None,
         "difference": None,
@@ -120,6 +122,7 @@ def record_of(
     }
     for i, (comparison, result) in enumerate(judgement.comparisons):
         entry = {
+            "model": comparison.model,
             "rival": comparison.rival,
             "n": result.n,
             "ours": _number(sum(comparison.ours) / len(comparison.ours)),
@@ -133,6 +136,7 @@ def record_of(
         out["comparisons"].append(entry)
         if i == judgement.deciding:
             out.update(
+                model=entry["model"],
                 rival=entry["rival"],
                 rival_value=entry["rival_value"],
                 difference=entry["difference"],

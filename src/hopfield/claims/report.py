@@ -38,7 +38,7 @@ def write_ledger(directory: Path | str) -> tuple[Path, Path]:
     records = evaluate(directory)
     json_path, md_path = directory / JSON_FILE, directory / MARKDOWN_FILE
     _atomic_write(json_path, json.dumps(records, indent=1, ensure_ascii=False) + "\n")
-    _atomic_write(md_path, render_markdown(records, source=directory.name or str(directory)))
+    _atomic_write(md_path, render_markdown(records, source=str(directory)))
     return json_path, md_path
 
 
@@ -74,8 +74,9 @@ def _ours(record: dict[str, Any]) -> str:
         return "–"
     if record["kind"] == "exact":
         return f"{_cell(record['ours'])} {record['metric']}"
+    model = f"{record['model']} " if record["model"] else ""
     vs = f" vs {record['rival']} {_cell(record['rival_value'])}" if record["rival"] else ""
-    return f"{_cell(record['ours'])}{vs}"
+    return f"{model}{_cell(record['ours'])}{vs}"
 
 
 def _paper(record: dict[str, Any]) -> str:
