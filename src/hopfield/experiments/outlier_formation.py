@@ -256,12 +256,14 @@ class Config:
     ``clip_gamma`` (clipped variants; ``None`` = the OPT default ``-12 / seq_len``).
 
     Optimisation (:class:`hopfield.training.TrainingConfig`): ``steps``, ``batch_size``, ``lr``,
-    ``schedule`` (after a linear warm-up of ``warmup_fraction · steps``: ``"linear"`` decay to 0,
-    ``"cosine"`` or ``"constant"``), ``weight_decay``,
+    ``schedule`` (after a linear warm-up of ``warmup_fraction · steps``: ``"linear"`` or
+    ``"cosine"`` decay to ``min_lr_ratio · lr``, or ``"constant"``), ``weight_decay``,
     ``ln_weight_decay`` (also decay LayerNorm gains, OPT's ``--wd_LN_gamma``), ``grad_clip``.
 
     Evaluation: ``eval_batch_size``, ``calibration_batches`` (W8A8 ranges, training batches),
-    ``percentile`` (``None`` = running min–max ranges).
+    ``percentile`` (``None`` = running min–max ranges), ``extra_percentile`` (also evaluate W8A8
+    with this percentile calibration, ``None`` = no), ``ablation`` (also run
+    :func:`hopfield.outliers.quantizer_ablation` on the W8A8 model).
 
     Search: ``grid`` (config field -> list of values), ``strategy`` (``"grid"``: the whole
     product in cost order, :func:`grid_points`; ``"ladder"``: the cost-neutral axes at the
@@ -274,6 +276,11 @@ class Config:
     Comparison: ``variants``, ``seeds`` (training seeds: initialisation and data order),
     ``compare_best_if_none`` (compare at the most outlier-prone point when no recipe succeeded),
     ``compare`` (``False`` = search only).
+
+    Decisive test (:mod:`hopfield.experiments.outlier_decisive`): ``arms`` (arm name -> config
+    overrides; non-empty = no search: every arm's variants are compared over ``seeds`` and judged
+    by the pre-registered protocol), ``gate_first`` (train vanilla and gated attention of an arm
+    first and its Softmax_1 variants only if the arm passes the validity gate).
 
     Machine: ``threads`` (``torch.set_num_threads`` during the run, 0 = leave), ``workers``
     (comparison runs trained at once, each in its own process with ``threads`` threads; the
@@ -308,12 +315,15 @@ class Config:
     lr: float = 1e-3
     schedule: str = "linear"
     warmup_fraction: float = 0.05
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.1
     ln_weight_decay: bool = True
     grad_clip: float = 1.0
     eval_batch_size: int = 64
     calibration_batches: int = 16
     percentile: float | None = None
+    extra_percentile: float | None = None
+    ablation: bool = False
     grid: dict[str, list[Any]] = field(default_factory=dict)
     strategy: str = "grid"
     max_configs: int = 0
@@ -326,6 +336,8 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2)
     compare: bool = True
     compare_best_if_none: bool = True
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gate_first: bool = True
     threads: int = 1
     workers: int = 1
     cpu: bool = True
@@ -567,10 +579,12 @@ class _ScaleRecorder:
         for handle in self.handles:
             handle.remove()
 
+    def rms(self) -> dict[str, float]:
+        """RMS of every recorded module's outputs (modules that never ran are left out)."""
+        return {n: math.sqrt(self.squares[n] / c) for n, c in self.counts.items() if c}
+
     def median_rms(self) -> float:
-        return statistics.median(
-            math.sqrt(self.squares[n] / self.counts[n]) for n in self.squares if self.counts[n]
-        )
+        return statistics.median(self.rms().values())
 
 
 def evaluate(
@@ -578,15 +592,24 @@ def evaluate(
     val: SyntheticSample,
     calibration: SyntheticSample,
     config: Config,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """FP and W8A8 perplexity, OPT-convention outlier metrics and attention diagnostics.
 
     Returns ``fp_ppl``, ``w8a8_ppl``, ``avg_kurtosis``, ``max_inf_norm``, ``max_ffn_inf_norm``,
     ``max_layer_inf_norm`` (spec §4.2, OPT selection), ``median_scale`` (median RMS of the same
     tensors), ``special_mass`` (mean attention mass on BOS/delimiter/filler keys) and ``row_sum``
-    (mean attention row sum; < 1 where Softmax_1 heads abstain), averaged over layers and heads.
+    (mean attention row sum; < 1 where Softmax_1 heads abstain), averaged over layers and heads;
+    ``tensors`` (recorded tensor name -> its mean per-sample ``kurtosis``, mean per-sample
+    ``inf_norm`` and ``rms``), ``w8a8_ppl_extra`` (W8A8 calibrated with
+    ``config.extra_percentile``, if set) and ``ablation`` (:func:`quantizer_ablation`
+    perplexities, if ``config.ablation``).
     """
-    from hopfield.outliers import ActivationRecorder, AttentionRecorder, quantize_w8a8
+    from hopfield.outliers import (
+        ActivationRecorder,
+        AttentionRecorder,
+        quantize_w8a8,
+        quantizer_ablation,
+    )
 
     model.eval()
     recorder = ActivationRecorder(model, "opt")
@@ -597,6 +620,12 @@ def evaluate(
         recorder.remove()
         scales.remove()
     stats = recorder.summary()
+    rms = scales.rms()
+    tensors = {
+        name: {"kurtosis": run.mean_kurtosis, "inf_norm": run.mean_inf_norm, "rms": rms[name]}
+        for name, run in recorder.stats.items()
+        if name in rms
+    }
     attention = AttentionRecorder(model)
     try:
         with torch.no_grad():
@@ -607,17 +636,28 @@ def evaluate(
         attention.remove()
     layers = attention.per_layer().values()
     calib = [b for b, _ in _batches(calibration, config.eval_batch_size)]
-    quantized = quantize_w8a8(
-        model,
-        calib,
-        num_batches=config.calibration_batches,
-        percentile=config.percentile,
-        keep_fp=("lm_head",),
-    )
-    w8a8_ppl = _perplexity(quantized, val, config.eval_batch_size)
+
+    def w8a8(percentile: float | None) -> nn.Module:
+        return quantize_w8a8(
+            model,
+            calib,
+            num_batches=config.calibration_batches,
+            percentile=percentile,
+            keep_fp=("lm_head",),
+        )
+
+    def perplexity(m: nn.Module) -> float:
+        return _perplexity(m, val, config.eval_batch_size)
+
+    quantized = w8a8(config.percentile)
+    extra: dict[str, Any] = {}
+    if config.ablation:
+        extra["ablation"] = quantizer_ablation(quantized, perplexity)
+    if config.extra_percentile is not None:
+        extra["w8a8_ppl_extra"] = perplexity(w8a8(config.extra_percentile))
     return {
         "fp_ppl": fp_ppl,
-        "w8a8_ppl": w8a8_ppl,
+        "w8a8_ppl": perplexity(quantized),
         "avg_kurtosis": stats["avg_kurtosis"],
         "max_inf_norm": stats["max_inf_norm"],
         "max_ffn_inf_norm": stats["max_ffn_inf_norm"],
@@ -625,6 +665,8 @@ def evaluate(
         "median_scale": scales.median_rms(),
         "special_mass": statistics.fmean(v["special_mass"] for v in layers),
         "row_sum": statistics.fmean(v["row_sum"] for v in layers),
+        "tensors": tensors,
+        **extra,
     }
 
 
@@ -757,6 +799,7 @@ def train_and_evaluate(
         weight_decay=config.weight_decay,
         schedule=config.schedule,
         warmup_steps=int(config.warmup_fraction * config.steps),
+        min_lr_ratio=config.min_lr_ratio,
         grad_clip=config.grad_clip or None,
         decay_norm_weights=config.ln_weight_decay,
         seed=seed,
@@ -932,6 +975,8 @@ _NOT_RECIPE = frozenset(
         "seeds",
         "compare",
         "compare_best_if_none",
+        "arms",
+        "gate_first",
         "threads",
         "workers",
         "checkpoint_every",
@@ -947,46 +992,82 @@ def _recipe(config: Config) -> dict[str, Any]:
 
 
 def _compare(config: Config, ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
-    """Train every variant at every seed under ``config`` (resumable via ``compare.json``, whose
-    runs count only for the same recipe and ``--max-steps`` limit)."""
-    done: dict[str, Any] = ctx.load_json("compare.json") or {}
-    recipe = _recipe(config)
-    if done.get("recipe") != recipe or done.get("stop_after") != ctx.stop_after:
-        done = {"recipe": recipe, "stop_after": ctx.stop_after, "runs": {}}
-    runs: dict[str, Any] = done["runs"]
-    jobs = [(v, s) for v in config.variants for s in config.seeds]
-    pending = [job for job in jobs if f"{job[0]}/seed{job[1]}" not in runs]
-    for (variant, seed), metrics in ctx.track(
-        _train_jobs(config, pending, ctx), total=len(pending), desc="variants"
-    ):
-        runs[f"{variant}/seed{seed}"] = metrics
-        ctx.save_json("compare.json", done)
-    return {v: [runs[f"{v}/seed{s}"] for s in config.seeds] for v in config.variants}
+    """Train every variant at every seed under ``config`` (see :func:`compare_recipes`)."""
+    return compare_recipes([(config, "")], ctx)[0]
 
 
-def _train_job(
-    config: Config, variant: str, seed: int, ctx: RunContext
-) -> tuple[tuple[str, int], dict[str, Any]]:
+def compare_recipes(
+    recipes: Sequence[tuple[Config, str]], ctx: RunContext
+) -> list[dict[str, list[dict[str, Any]]]]:
+    """Train every variant at every seed of each ``(config, prefix)``; per recipe, ``{variant:
+    [metrics per seed]}``.
+
+    Runs are kept in ``<prefix>compare.json`` (they count only for the same recipe and
+    ``--max-steps`` limit, so a stopped comparison resumes and a finished one is reused) and
+    trained in ``runs/<prefix>compare/<variant>/seed<seed>``. The pending runs of all recipes go
+    to one pool of ``workers`` processes (the first config's), so no worker idles between
+    recipes.
+    """
+    records: dict[str, dict[str, Any]] = {}
+    jobs: list[_Job] = []
+    for config, prefix in recipes:
+        done: dict[str, Any] = ctx.load_json(f"{prefix}compare.json") or {}
+        recipe = _recipe(config)
+        if done.get("recipe") != recipe or done.get("stop_after") != ctx.stop_after:
+            done = {"recipe": recipe, "stop_after": ctx.stop_after, "runs": {}}
+        records[prefix] = done
+        jobs += [
+            _Job(config, v, s, prefix)
+            for v in config.variants
+            for s in config.seeds
+            if f"{v}/seed{s}" not in done["runs"]
+        ]
+    for job, metrics in ctx.track(_train_jobs(jobs, ctx), total=len(jobs), desc="variants"):
+        records[job.prefix]["runs"][job.key] = metrics
+        ctx.save_json(f"{job.prefix}compare.json", records[job.prefix])
+    return [
+        {
+            v: [records[prefix]["runs"][f"{v}/seed{s}"] for s in config.seeds]
+            for v in config.variants
+        }
+        for config, prefix in recipes
+    ]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One comparison run: ``variant`` at training seed ``seed`` under ``config``."""
+
+    config: Config
+    variant: str
+    seed: int
+    prefix: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}/seed{self.seed}"
+
+
+def _train_job(job: _Job, ctx: RunContext) -> tuple[_Job, dict[str, Any]]:
     """One comparison run (the unit of work of a worker process)."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    tag = f"compare/{variant}/seed{seed}"
-    return (variant, seed), train_and_evaluate(config, variant, seed, ctx, tag)
+    if job.config.threads:
+        torch.set_num_threads(job.config.threads)
+    tag = f"{job.prefix}compare/{job.key}"
+    return job, train_and_evaluate(job.config, job.variant, job.seed, ctx, tag)
 
 
-def _train_jobs(
-    config: Config, jobs: Sequence[tuple[str, int]], ctx: RunContext
-) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
-    """``((variant, seed), metrics)`` of every job, in order, or as they finish in
-    ``config.workers`` spawned processes (each with ``config.threads`` threads)."""
-    if config.workers <= 1 or len(jobs) <= 1 or ctx.processes > 1:
-        for variant, seed in jobs:
-            yield _train_job(config, variant, seed, ctx)
+def _train_jobs(jobs: Sequence[_Job], ctx: RunContext) -> Iterator[tuple[_Job, dict[str, Any]]]:
+    """``(job, metrics)`` of every job, in order, or as they finish in ``workers`` spawned
+    processes (each with ``threads`` threads; the first job's config sets both)."""
+    workers = jobs[0].config.workers if jobs else 1
+    if workers <= 1 or len(jobs) <= 1 or ctx.processes > 1:
+        for job in jobs:
+            yield _train_job(job, ctx)
         return
     quiet = dataclasses.replace(ctx, progress=False)
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs)), mp_context=spawn) as pool:
-        futures = [pool.submit(_train_job, config, v, s, quiet) for v, s in jobs]
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=spawn) as pool:
+        futures = [pool.submit(_train_job, job, quiet) for job in jobs]
         for future in as_completed(futures):
             yield future.result()
 
@@ -1013,7 +1094,12 @@ def _paper_value(variant: str, metric: str) -> float:
     }[metric]
 
 
-def _compare_tables(results: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
+def _compare_tables(
+    results: Mapping[str, list[dict[str, Any]]], where: str = "under the recipe"
+) -> list[Table]:
+    """Table 1 quantities of every variant (mean ± 95 % t half-width over seeds) and the
+    Softmax_1 reductions per pair; ``where`` names the recipe in the table titles."""
+
     def cell(values: Sequence[float]) -> str:
         mean, half = confidence_interval(values)
         return f"{mean:.4g} ± {half:.2g}"
@@ -1037,7 +1123,7 @@ def _compare_tables(results: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
             ]
         )
     table = Table(
-        name="Variants under the recipe (OutEffHop Table 1 quantities)",
+        name=f"Variants {where} (OutEffHop Table 1 quantities)",
         columns=[
             "variant",
             "avg kurtosis",
@@ -1077,7 +1163,7 @@ def _compare_tables(results: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
                 ]
             )
     pairs = Table(
-        name="Reductions by Softmax_1 (claim C-c)",
+        name=f"Reductions by Softmax_1 {where} (claim C-c)",
         columns=["pair", "metric", "reduction %", "seeds where lower", "paper OPT reduction %"],
         rows=pair_rows,
         caption="1 − mean(OutEffHop variant) / mean(softmax variant); seeds compared pairwise.",
@@ -1155,6 +1241,10 @@ def _run(config: Config, ctx: RunContext) -> Results:
         raise ValueError("seeds must not be empty")
     if not isinstance(config.workers, int) or config.workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {config.workers!r}")
+    if config.arms:
+        from hopfield.experiments.outlier_decisive import run_arms
+
+        return run_arms(config, ctx)
     _data(config, ctx.data_dir)  # data errors (e.g. DataNotFoundError) before any training
     entries = _search(config, ctx)
     trained = [e for e in entries if e["status"] == "trained"]
@@ -1238,6 +1328,34 @@ _SMALL_GRID: dict[str, list[Any]] = {
     "vocab_size": [64, 512],
 }
 
+#: Training steps of every decisive run (sized so that the whole preset fits 2.5 h on 2 cores).
+DECISIVE_STEPS = 2000
+
+#: The decisive test's model: the ``small`` recipe (pre-LN, 6 layers, d 64, 4 heads, FFN 256,
+#: T 64, vocabulary 512, no dropout) ...
+_DECISIVE_MODEL: dict[str, Any] = dict(
+    hidden_size=64,
+    num_heads=4,
+    num_layers=6,
+    ffn_dim=256,
+    vocab_size=512,
+    pre_ln=True,
+    steps=DECISIVE_STEPS,
+    log_every=100,
+)
+#: ... its data: synthetic streams where the token after a delimiter is certain, or WikiText-2
+#: with BPE and ``</s>`` between sentences ...
+_DECISIVE_DATA: dict[str, dict[str, Any]] = {
+    "synthetic": dict(delimiter_rate=0.3, branching=8, recall_rate=1.0),
+    "wikitext": dict(data="wikitext-2", sentence_separators=True),
+}
+#: ... and its optimiser regimes: paper-like (AdamW, 5 % warm-up, cosine to 10 %, weight decay
+#: 0.1 on the LayerNorm gains too) and the ``small`` recipe's constant 1e-2 as a stress arm.
+_DECISIVE_REGIMES: dict[str, dict[str, Any]] = {
+    "paper-like": dict(lr=3e-3, schedule="cosine", min_lr_ratio=0.1, ln_weight_decay=True),
+    "stress": dict(lr=1e-2, schedule="constant", ln_weight_decay=False),
+}
+
 PRESETS = {
     "tiny": Config(
         vocab_size=24,
@@ -1260,6 +1378,19 @@ PRESETS = {
         checkpoint_every=0,
     ),
     "small": Config(**_SMALL_BASE, grid=_SMALL_GRID, strategy="ladder", budget_s=1800.0),
+    "decisive": Config(
+        **_DECISIVE_MODEL,
+        arms={
+            f"{data}/{regime}": {**_DECISIVE_DATA[data], **_DECISIVE_REGIMES[regime]}
+            for data in _DECISIVE_DATA
+            for regime in _DECISIVE_REGIMES
+        },
+        variants=("softmax", "gated", "softmax1", "gated_softmax1"),
+        seeds=tuple(range(6)),
+        extra_percentile=99.999,
+        ablation=True,
+        workers=2,
+    ),
     "paper": Config(
         grid=_PAPER_GRID,
         strategy="ladder",

@@ -320,17 +320,66 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
 # --- outlier-formation --------------------------------------------------------------------------
 
 
+_SEARCH_NOTE = (
+    "outlier-formation: an upper bound. The search stops at the first point that forms "
+    "outliers; priced here is every point it may try, and the comparison at the "
+    "costliest of them (with a success at the cheapest point it trains 1 search run "
+    "and the comparison there)."
+)
+_ARMS_NOTE = (
+    "outlier-formation, decisive test: an upper bound. An arm whose vanilla and gated runs fail "
+    "the validity gate trains no Softmax_1 variant (half its runs)."
+)
+
+
+def _formation_job(
+    name: str, group: str, point_config: Any, variant: str, runs: int, note: str = _SEARCH_NOTE
+) -> TrainingJob:
+    """One outlier-formation training job: ``runs`` runs of ``variant`` under ``point_config``."""
+    from hopfield.experiments.outlier_formation import build
+
+    seq, vocab = point_config.seq_len, point_config.vocab_size
+
+    def make_batch(n: int, device: torch.device) -> Batch:
+        ids = torch.randint(vocab, (n, seq), device=device)
+        return {"input_ids": ids, "labels": ids}
+
+    return TrainingJob(
+        name=name,
+        build_model=_on(partial(build, point_config, variant)),
+        make_batch=make_batch,
+        loss=_causal_lm_loss,
+        global_batch=point_config.batch_size,
+        optimizer_steps=point_config.steps,
+        runs=runs,
+        tokens_per_example=seq,
+        data=_text_needs("wikitext-2") if point_config.data == "wikitext-2" else (),
+        group=group,
+        notes=(note,),
+    )
+
+
 def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
     """The search (every point it may train, grouped by model size and steps) and the
-    comparison (every variant × seed) at the costliest point: an upper bound."""
+    comparison (every variant × seed) at the costliest point: an upper bound. With ``arms``
+    (the decisive test): every variant × seed of every arm, the upper bound of an arm that
+    passes its validity gate."""
     from hopfield.experiments.outlier_formation import (
         COST_FIELDS,
-        build,
         grid_points,
         ladder_points,
         training_gflop,
     )
 
+    if config.arms:
+        from hopfield.experiments.outlier_decisive import arm_config
+
+        arms = {name: arm_config(config, o) for name, o in config.arms.items()}
+        return [
+            _formation_job(name, f"arm {name}", arm, variant, len(arm.seeds), _ARMS_NOTE)
+            for name, arm in arms.items()
+            for variant in config.variants
+        ]
     if config.strategy == "ladder":
         first = ladder_points(config)
         names = {p.name for p in first}
@@ -341,32 +390,6 @@ def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
     if config.max_configs:
         points = points[: config.max_configs]
     shape_fields = (*COST_FIELDS, "num_heads")
-
-    def job(name: str, group: str, point_config: Any, variant: str, runs: int) -> TrainingJob:
-        seq, vocab = point_config.seq_len, point_config.vocab_size
-
-        def make_batch(n: int, device: torch.device) -> Batch:
-            ids = torch.randint(vocab, (n, seq), device=device)
-            return {"input_ids": ids, "labels": ids}
-
-        return TrainingJob(
-            name=name,
-            build_model=_on(partial(build, point_config, variant)),
-            make_batch=make_batch,
-            loss=_causal_lm_loss,
-            global_batch=point_config.batch_size,
-            optimizer_steps=point_config.steps,
-            runs=runs,
-            tokens_per_example=seq,
-            data=_text_needs("wikitext-2") if point_config.data == "wikitext-2" else (),
-            group=group,
-            notes=(
-                "outlier-formation: an upper bound. The search stops at the first point that forms "
-                "outliers; priced here is every point it may try, and the comparison at the "
-                "costliest of them (with a success at the cheapest point it trains 1 search run "
-                "and the comparison there).",
-            ),
-        )
 
     jobs: list[TrainingJob] = []
     grouped: dict[tuple[str, tuple[Any, ...]], list[Any]] = {}
@@ -379,13 +402,15 @@ def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
             f"{group}: L{c.num_layers} d{c.hidden_size} F{c.ffn_dim} V{c.vocab_size} "
             f"T{c.seq_len}, {c.steps:,} steps ({len(members)} point(s))"
         )
-        jobs.append(job(name, group, c, "softmax", len(members)))
+        jobs.append(_formation_job(name, group, c, "softmax", len(members)))
     if config.compare and points:
         costliest = max((p for _, p in points), key=lambda p: training_gflop(p.config))
         c = costliest.config
         for variant in config.variants:
             name = f"comparison {variant} at L{c.num_layers} F{c.ffn_dim}, {c.steps:,} steps"
-            jobs.append(job(name, "comparison (costliest point)", c, variant, len(config.seeds)))
+            jobs.append(
+                _formation_job(name, "comparison (costliest point)", c, variant, len(config.seeds))
+            )
     return jobs
 
 
