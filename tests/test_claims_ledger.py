@@ -257,3 +257,33 @@ def test_docs_list_the_declared_and_unimplemented_claims() -> None:
     assert f"{len(CLAIMS)} claims: {counts['outeffhop']} of OutEffHop" in text
     assert f"{counts['nonparametric']} of the nonparametric models" in text
     assert f"{len(CLAIMS) - sum(counts.values())} of Hyper-SET" in text
+
+
+def test_the_decisive_outlier_test_counts_only_arms_that_pass_the_gate(tmp_path: Path) -> None:
+    """Decisive records pair over the arms × seeds whose vanilla and gated runs pass the
+    validity gate; an arm failing it is uninformative, and with every arm failing the outlier
+    claims are not tested at this scale (the FP-parity claim needs no outliers)."""
+    arms = {"a": {}, "b": {"recall_rate": 1.0}}
+
+    def write(passed: dict[str, float]) -> dict[str, dict[str, Any]]:
+        root = tmp_path / "-".join(f"{k}{v:g}" for k, v in passed.items())
+        write_record(
+            root, "outlier-formation", preset="decisive",
+            metrics={f"{arm}/gate_passed": v for arm, v in passed.items()},
+            side={f"arms/{arm}/compare.json": {"runs": formation_runs()} for arm in arms},
+        )  # fmt: skip
+        path = root / "outlier-formation" / "results.json"
+        record = json.loads(path.read_text())
+        record["config"] = {"arms": arms}
+        path.write_text(json.dumps(record))
+        return {r["id"]: r for r in evaluate(root)}
+
+    one = write({"a": 1.0, "b": 0.0})
+    assert one["OEH-T1-w8a8-opt"]["seeds"] == 3  # arm a's seeds only
+    both = write({"a": 1.0, "b": 1.0})
+    assert both["OEH-T1-w8a8-opt"]["seeds"] == 6
+    assert both["OEH-T1-w8a8-opt"]["verdict"] == "inconclusive"
+    none = write({"a": 0.0, "b": 0.0})
+    assert none["OEH-T1-kurtosis-opt"]["verdict"] == "not tested at this scale"
+    assert "validity gate" in none["OEH-T1-kurtosis-opt"]["note"]
+    assert none["OEH-T1-fp-opt"]["seeds"] == 6

@@ -324,13 +324,33 @@ def outlier_params(family: str, variant: str) -> Extractor:
     return extract
 
 
+def _formation_runs(record: ExperimentRecord, needs_outliers: bool) -> dict[str, dict[str, Any]]:
+    """``{unit prefix: compare.json runs}`` of an ``outlier-formation`` record: the comparison
+    under the search's recipe (prefix ``""``), or, for the decisive test (``arms`` in its
+    config), the runs of every arm, and with ``needs_outliers`` only of the arms that pass the
+    validity gate (``<arm>/gate_passed``; an arm failing it is uninformative)."""
+    arms = list(record.config.get("arms") or {})
+    if not arms:
+        if needs_outliers and record.metric("recipe_found") < 1:
+            raise NotTested("the outlier-formation search found no recipe (no outliers formed)")
+        return {"": record.side("compare.json")["runs"]}
+    if needs_outliers:
+        arms = [arm for arm in arms if record.metric(f"{arm}/gate_passed") >= 1]
+        if not arms:
+            raise NotTested(
+                "every arm of the decisive outlier test fails its validity gate (uninformative)"
+            )
+    return {arm: record.side(f"arms/{arm}/compare.json")["runs"] for arm in arms}
+
+
 def formation_variants(
     pairs: Sequence[tuple[str, str, str]], *, needs_outliers: bool = True
 ) -> Extractor:
     """``(variant, rival variant, metric)`` comparisons of ``outlier-formation``'s variants under
-    its recipe, paired over training seeds (``compare.json``); with ``needs_outliers``, only when
-    the search found a recipe under which vanilla attention forms outliers. Metrics: the run
-    fields, plus ``w8a8_gap_pct`` (100·(W8A8 − FP)/FP perplexity)."""
+    its recipe, paired over training seeds (``compare.json``), or over the arms × seeds of the
+    decisive test; with ``needs_outliers``, only when vanilla attention forms outliers (the
+    search found a recipe; the arm passes its validity gate). Metrics: the run fields, plus
+    ``w8a8_gap_pct`` (100·(W8A8 − FP)/FP perplexity)."""
 
     def value(run: dict[str, Any], metric: str) -> float:
         if metric == "w8a8_gap_pct":
@@ -338,14 +358,13 @@ def formation_variants(
         return float(run[metric])
 
     def read(record: ExperimentRecord) -> list[Comparison]:
-        if needs_outliers and record.metric("recipe_found") < 1:
-            raise NotTested("the outlier-formation search found no recipe (no outliers formed)")
-        runs = record.side("compare.json")["runs"]
+        runs = _formation_runs(record, needs_outliers)
 
         def samples(variant: str, metric: str) -> Samples:
             return {
-                f"seed {key.split('/seed')[1]}": value(run, metric)
-                for key, run in runs.items()
+                f"{unit} seed {key.split('/seed')[1]}".lstrip(): value(run, metric)
+                for unit, arm in runs.items()
+                for key, run in arm.items()
                 if key.split("/seed")[0] == variant
             }
 
