@@ -13,6 +13,7 @@ from hopfield.experiments import run_experiment
 from hopfield.experiments.memory_capacity import (
     Point,
     corrupt,
+    efficient_trends,
     energy_trend,
     make_model,
     memory_sets,
@@ -189,6 +190,41 @@ def test_energy_trend_and_point() -> None:
     point = Point("d", "half", "m", "s", 1.0, 1, 10, 0.1, 2, {"cos": [0.5, 1.0]})
     assert point.mean("cos") == pytest.approx(0.75)
     assert point.std("cos") == pytest.approx(0.3535533906)
+
+
+def _points(model: str, by_size: dict[int, list[float]]) -> list[Point]:
+    return [
+        Point("d", "half", model, "nonparametric", 1.0, 1, size, 0.0, len(v), {"cos": v})
+        for size, v in by_size.items()
+    ]
+
+
+def test_efficient_trends_are_paired_over_memory_sets() -> None:
+    """Each Fig. 2 trend is judged by paired tests over (M, memory set): a clear order holds,
+    a reversed one does not, a tie or too few sets is inconclusive (never a bare mean)."""
+    sets = [0.0, 0.02, -0.01, 0.01]
+    points = [
+        *_points("topk-20", {10: [0.9 + d for d in sets], 30: [0.8 + d for d in sets]}),
+        *_points("topk-50", {10: [0.7 + 2 * d for d in sets], 30: [0.6 - d for d in sets]}),
+        *_points("random-50", {10: [0.5 + d for d in sets], 30: [0.4 + d for d in sets]}),
+        *_points("dense", {10: [0.9 + d for d in sets], 30: [0.97 - d for d in sets]}),
+        *_points("linear", {10: [0.3] * 4, 30: [0.3] * 4}),
+    ]
+    models = ["topk-20", "topk-50", "random-50", "dense", "linear"]
+    rows = {
+        r[1].split(": ")[1].split(" (")[0]: r
+        for r in efficient_trends(points, models, "d, half", 10, 30)
+    }
+    assert rows["Top-K success falls as K grows"][3] == "holds"
+    assert "n=8" in rows["Top-K success falls as K grows"][2]
+    # random-50 beats linear (0.45 vs 0.3): random masks are not the worst
+    assert rows["random masks perform worst"][3] == "does not hold"
+    assert rows["dense degrades as M grows from 10 to 30"][3] == "does not hold"
+    assert rows["linear degrades as M grows from 10 to 30"][3] == "inconclusive"  # a tie
+    few = efficient_trends(
+        _points("dense", {10: [0.9, 0.8], 30: [0.1, 0.2]}), ["dense"], "w", 10, 30
+    )
+    assert few[0][3] == "inconclusive"  # 2 memory sets
 
 
 def test_missing_data_fails_clearly_or_is_skipped(tmp_path: Path) -> None:
