@@ -268,3 +268,20 @@ def test_decisive_needs_its_variants(tmp_path: Path) -> None:
             overrides={**TINY_ARMS, "arms": '{"a": {"workers": 3}}'},
             progress=False,
         )
+
+
+def test_a_seed_gives_every_variant_the_same_shared_initial_weights() -> None:
+    """The pairing of the design: only the gates' own parameters differ between variants."""
+    import torch
+
+    from hopfield.experiments.runner import seed_everything
+
+    def weights(variant: str) -> dict[str, torch.Tensor]:
+        seed_everything(3)
+        return dict(of.build(of.PRESETS["tiny"], variant).named_parameters())
+
+    vanilla = weights("softmax")
+    for variant in ("softmax1", "gated", "gated_softmax1"):
+        other = weights(variant)
+        assert all(torch.equal(p, other[name]) for name, p in vanilla.items())
+        assert all(".gate." in name for name in set(other) - set(vanilla))
