@@ -288,6 +288,98 @@ def test_kernel_gradcheck(structure) -> None:
     assert torch.autograd.gradcheck(f, (q, k, v, scale))
 
 
+# ------------------------------------------------------------------------------------------------
+# Queries that see no key: zero outputs, finite and exact gradients
+# ------------------------------------------------------------------------------------------------
+
+
+def padded(n: int, dtype: torch.dtype, how: str, *, seed: int = 0, e: int = 8):
+    """``q, k, v (2, 2, n, e)`` and a key mask ``(2, 1, 1, n)`` under which some queries see no key.
+
+    ``how="item"``: batch item 0 is fully padded. ``"left"``: the first ``n // 4 + 1`` keys are
+    padded (with ``causal=True`` the first queries see only those). ``"left-bias"``: the same keys
+    get an additive -30 (weight ~1e-13, so those queries' normaliser is ~eps but not 0).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (
+        torch.randn(2, 2, n, e, dtype=D, generator=gen).to(dtype).requires_grad_() for _ in range(3)
+    )
+    first = n // 4 + 1
+    if how == "left-bias":
+        bias = torch.zeros(2, 1, 1, n, dtype=dtype)
+        bias[..., :first] = -30.0
+        return q, k, v, bias
+    mask = torch.ones(2, 1, 1, n, dtype=torch.bool)
+    if how == "item":
+        mask[0] = False
+    else:
+        mask[..., :first] = False
+    return q, k, v, mask
+
+
+def kernel_out(structure, q, k, v, mask, *, causal: bool, return_weights: bool = False):
+    return structure(
+        q,
+        k,
+        v,
+        separation=Softmax(),
+        scale=q.shape[-1] ** -0.5,
+        mask=mask,
+        causal=causal,
+        dropout=0.0,
+        return_weights=return_weights,
+    )
+
+
+def test_random_features_fully_padded_item_has_zero_output_and_gradients() -> None:
+    for seed in range(10):  # NaN gradients for most seeds before the fix
+        q, k, v, mask = padded(64, torch.float32, "item", seed=seed, e=16)
+        rf = RandomFeatures(seed=seed)
+        out, _ = kernel_out(rf, q, k, v, mask, causal=False)
+        assert (out[0] == 0).all() and torch.isfinite(out).all()
+        grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), (q, k, v))
+        for grad in grads:
+            assert torch.isfinite(grad).all(), seed
+            assert (grad[0] == 0).all()
+
+
+@pytest.mark.parametrize("n,dtype", [(256, torch.float64), (8, torch.float32)])
+def test_random_features_causal_left_padded_keys_give_finite_gradients(n, dtype) -> None:
+    q, k, v, mask = padded(n, dtype, "left")
+    rf = RandomFeatures(seed=0, dtype=dtype)
+    out, weights = kernel_out(rf, q, k, v, mask, causal=True, return_weights=True)
+    blind = n // 4 + 1  # queries that see only padded keys
+    assert weights is not None and (weights[:, :, :blind] == 0).all()
+    assert (out[:, :, :blind] == 0).all() and torch.isfinite(out).all()
+    grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), (q, k, v))
+    assert all(torch.isfinite(grad).all() for grad in grads)
+    assert (grads[0][:, :, :blind] == 0).all()
+
+
+@pytest.mark.parametrize("how", ["left", "left-bias"])
+def test_linear_causal_left_padded_float32_gradients_match_float64(how: str) -> None:
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        q, k, v, mask = padded(256, dtype, how, e=16)
+        out, _ = kernel_out(Linear(), q, k, v, mask, causal=True)
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=D)
+        grads[dtype] = torch.autograd.grad((out * probe.to(dtype)).sum(), (q, k, v))
+    for low, high in zip(grads[torch.float32], grads[torch.float64], strict=True):
+        error = (low.double() - high).abs().max() / high.abs().max()
+        assert error < 1e-5  # was 0.1-0.2 (relative to the gradient scale) for k and v
+
+
+@pytest.mark.parametrize("structure", [Linear(chunk_size=2), RandomFeatures(8, seed=0, dtype=D)])
+@pytest.mark.parametrize("how,causal", [("item", False), ("left", True), ("left-bias", True)])
+def test_kernel_gradcheck_with_queries_that_see_no_key(structure, how, causal) -> None:
+    q, k, v, mask = padded(6, D, how, e=3)
+
+    def f(q, k, v):
+        return kernel_out(structure, q, k, v, mask, causal=causal)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
 def test_kernel_association_direct() -> None:
     phi_q = torch.rand(1, 1, 4, 3, dtype=D)
     phi_k = torch.rand(1, 1, 6, 3, dtype=D)

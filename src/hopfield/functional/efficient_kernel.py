@@ -29,9 +29,18 @@ from hopfield.functional.structures import Scale, Structure
 __all__ = ["Linear", "RandomFeatures", "kernel_association", "orthogonal_gaussian"]
 
 
-def _normaliser(den: Tensor, eps: float) -> Tensor:
-    """``den + eps``, kept away from 0 so that rows without any key give 0, not NaN."""
-    return (den + eps).clamp_min(torch.finfo(den.dtype).tiny)
+def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
+    """``num / (den + eps)`` row by row; a row whose normaliser is 0 gives 0 and zero gradients.
+
+    ``num`` is ``(..., L, X)``, ``den`` the row sums ``(..., L, 1)`` (non-negative). A query that
+    sees no key (all its keys masked, or every kernel value underflowed) has ``den + eps`` below
+    the smallest normal number. Its output is 0 whatever ``num`` is, so its gradient is 0 too; a
+    plain division would send it ``1 / (den + eps)`` (``1 / eps``, or ``inf`` for ``eps = 0``),
+    which overflows or swamps the other rows' gradients where the backward sums them.
+    """
+    total = den + eps
+    empty = total < torch.finfo(total.dtype).tiny
+    return torch.where(empty, 0.0, num / torch.where(empty, 1.0, total))
 
 
 def kernel_association(
@@ -65,7 +74,7 @@ def kernel_association(
         den = torch.matmul(phi_q, total.unsqueeze(-1))
     else:
         num, den = _causal_sums(phi_q, phi_k, v, chunk_size)
-    out = num / _normaliser(den, eps)
+    out = _normalise(num, den, eps)
     if not return_weights:
         return out, None
     kernel = torch.matmul(phi_q, phi_k.transpose(-1, -2))
@@ -73,7 +82,7 @@ def kernel_association(
         rows = torch.arange(length, device=kernel.device).view(length, 1)
         cols = torch.arange(size, device=kernel.device).view(1, size)
         kernel = kernel.masked_fill(cols > rows + (size - length), 0.0)
-    return out, kernel / _normaliser(den, eps)
+    return out, _normalise(kernel, den, eps)
 
 
 def _causal_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
@@ -102,8 +111,8 @@ def _causal_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk: int) -> tuple[T
     vc = F.pad(v, (0, 0, 0, extra)).view(batch, heads, n, chunk, v.shape[-1])
     chunk_state = torch.matmul(kc.transpose(-1, -2), vc)  # (B, H, n, D, Ev)
     chunk_total = kc.sum(dim=-2)  # (B, H, n, D)
-    before = torch.cumsum(chunk_state, dim=2) - chunk_state + state0.unsqueeze(2)
-    before_total = torch.cumsum(chunk_total, dim=2) - chunk_total + total0.unsqueeze(2)
+    before = _exclusive_cumsum(chunk_state) + state0.unsqueeze(2)
+    before_total = _exclusive_cumsum(chunk_total) + total0.unsqueeze(2)
     inside = torch.matmul(qc, kc.transpose(-1, -2))  # (B, H, n, chunk, chunk)
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=inside.device).tril()
     inside = inside.masked_fill(~lower, 0.0)
@@ -112,6 +121,17 @@ def _causal_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk: int) -> tuple[T
     num = num.reshape(batch, heads, padded, v.shape[-1])[:, :, :length]
     den = den.reshape(batch, heads, padded, 1)[:, :, :length]
     return num, den
+
+
+def _exclusive_cumsum(x: Tensor) -> Tensor:
+    """Sums over the chunks before each chunk, ``(B, H, n, ...)`` -> ``(B, H, n, ...)``.
+
+    Shifted rather than ``cumsum(x) - x``: that subtraction's backward, ``reverse_cumsum(g) - g``,
+    cancels catastrophically when a chunk's own gradient ``g`` is large (queries that see only
+    keys of tiny weight have a normaliser ~eps and gradients ~1/eps), losing the float32
+    gradients of the other keys in that chunk.
+    """
+    return torch.cat([torch.zeros_like(x[:, :, :1]), torch.cumsum(x[:, :, :-1], dim=2)], dim=2)
 
 
 class _KernelStructure(Structure):
