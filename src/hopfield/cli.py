@@ -10,7 +10,7 @@ from typing import Any
 
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import reproduce, run_experiment
-from hopfield.report import build_report
+from hopfield.report import build_report, update_docs
 from hopfield.training import process_layout
 
 
@@ -33,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list the registered experiments")
 
     def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
+        p.add_argument(
+            "--out",
+            type=Path,
+            default=Path("runs"),
+            help="output folder (default: runs; results/ holds the committed evidence)",
+        )
         p.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -88,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="render a Markdown report of a results folder")
     report.add_argument("dir", type=Path)
+    report.add_argument(
+        "--docs",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also rewrite the generated blocks (<!-- generated: EXPERIMENT/TABLE -->) of these "
+        "Markdown files from the records in DIR",
+    )
     claims = sub.add_parser(
         "claims", help="judge every paper claim from a results folder: claims.json, CLAIMS.md"
     )
@@ -204,6 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "report":
         print(build_report(args.dir))
+        if args.docs:
+            try:
+                changed = update_docs(args.docs, args.dir)
+            except ValueError as error:
+                raise SystemExit(f"report --docs: {error}") from None
+            for path in changed:
+                print(f"updated: {path}")
         return 0
     if args.command == "claims":
         from hopfield.claims.report import write_ledger

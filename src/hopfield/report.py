@@ -1,14 +1,34 @@
-"""Render results folders into a Markdown report: tables (ours beside the paper's) and figures."""
+"""Render results folders into a Markdown report: tables (ours beside the paper's) and figures.
+
+Documentation quotes report tables between generated-block markers::
+
+    <!-- generated: memory-capacity/Stated trends, checked -->
+    ...
+    <!-- /generated -->
+
+:func:`render_doc_blocks` fills each block with that table of the experiment's record, in the
+report's Markdown (caption and table, without the report's heading), and :func:`update_docs`
+rewrites documentation files so (``hopfield report DIR --docs FILE...``).
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
-from hopfield.experiments.results import Results, format_cell
+from hopfield.experiments.results import Results, Table, format_cell
 from hopfield.experiments.runner import RESULTS_FILE, load_record
 
 REPORT_FILE = "REPORT.md"
+
+#: A generated block of a documentation file: its experiment, table name and current content.
+GENERATED_BLOCK = re.compile(
+    r"<!-- generated: (?P<experiment>[^/\n]+?)/(?P<table>[^\n]+?) -->\n"
+    r"(?P<body>.*?)<!-- /generated -->",
+    flags=re.DOTALL,
+)
 
 
 def find_records(root: Path) -> list[Path]:
@@ -59,3 +79,59 @@ def build_report(root: Path | str, output: Path | str | None = None) -> Path:
     )
     target.write_text(header + "\n" + "\n".join(sections))
     return target
+
+
+def table_markdown(table: Table) -> str:
+    """``table`` as the report renders it, without its heading: the caption (if any) and the
+    Markdown table."""
+    lines = table.to_markdown().split("\n")
+    return "\n".join(lines[2:])  # drop "### name" and the blank line after it
+
+
+def find_table(results_dir: Path | str, experiment: str, name: str) -> Table:
+    """The table ``name`` (exact) of ``results_dir/experiment/results.json``; ``ValueError`` if
+    the record or the table is missing."""
+    path = Path(results_dir) / experiment / RESULTS_FILE
+    if not path.is_file():
+        raise ValueError(f"no record {path} for the generated block {experiment}/{name}")
+    results = Results.from_dict(load_record(path)["results"])
+    for table in results.tables:
+        if table.name == name:
+            return table
+    names = ", ".join(repr(t.name) for t in results.tables)
+    raise ValueError(f"{path} has no table {name!r} (tables: {names})")
+
+
+def render_doc_blocks(doc_text: str, results_dir: Path | str) -> str:
+    """``doc_text`` with every generated block (``<!-- generated: EXPERIMENT/TABLE NAME -->`` …
+    ``<!-- /generated -->``) filled with that table of the record in ``results_dir``, rendered
+    by :func:`table_markdown` between blank lines. Text outside the blocks is unchanged."""
+
+    def fill(match: re.Match[str]) -> str:
+        experiment, name = match["experiment"].strip(), match["table"].strip()
+        body = table_markdown(find_table(results_dir, experiment, name))
+        return f"<!-- generated: {experiment}/{name} -->\n\n{body}\n\n<!-- /generated -->"
+
+    return GENERATED_BLOCK.sub(fill, doc_text)
+
+
+def doc_blocks(doc_text: str) -> list[tuple[str, str]]:
+    """``(experiment, table name)`` of every generated block of ``doc_text``, in order."""
+    return [
+        (m["experiment"].strip(), m["table"].strip()) for m in GENERATED_BLOCK.finditer(doc_text)
+    ]
+
+
+def update_docs(paths: Iterable[Path | str], results_dir: Path | str) -> list[Path]:
+    """Rewrite the generated blocks of the documentation files ``paths`` from the records in
+    ``results_dir`` (:func:`render_doc_blocks`); returns the files whose text changed. Every
+    file is rendered before any is written, so a missing record or table changes nothing."""
+    rendered = []
+    for path in map(Path, paths):
+        text = path.read_text()
+        new = render_doc_blocks(text, results_dir)
+        if new != text:
+            rendered.append((path, new))
+    for path, new in rendered:
+        path.write_text(new)
+    return [path for path, _ in rendered]
