@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hopfield.functional import Entmax, Polynomial, Softmax, SoftmaxN, Sparsemax
-from hopfield.functional.energy import DenseEnergy, PolynomialEnergy, energy_for
+from hopfield.functional.energy import DenseEnergy, Energy, PolynomialEnergy, energy_for
 from hopfield.memory import retrieve
 
 DTYPE = torch.float64
@@ -56,7 +56,7 @@ def test_energy_trace_is_non_increasing_and_matches_the_energy(separation: torch
         g = torch.Generator().manual_seed(seed)
         memories = sphere(g, 30 + 20 * seed, 16, radius)
         x = memories[:5] + 0.5 * radius * torch.randn(5, 16, generator=g, dtype=DTYPE) / 4
-        result = retrieve(x, memories, separation, beta=beta, steps=12)
+        result = retrieve(x, memories, separation, beta=beta, steps=12, track_energy=True)
         assert result.energy is not None
         assert result.energy.shape == (result.steps_used + 1, 5) and result.steps_used <= 12
         trace = result.energy
@@ -85,7 +85,7 @@ def test_zero_steps_and_single_query() -> None:
     g = torch.Generator().manual_seed(3)
     memories = torch.randn(10, 4, generator=g, dtype=DTYPE)
     q = torch.randn(4, generator=g, dtype=DTYPE)
-    result = retrieve(q, memories, steps=0)
+    result = retrieve(q, memories, steps=0, track_energy=True)
     torch.testing.assert_close(result.patterns, q)
     assert result.steps.shape == () and int(result.steps) == 0 and result.steps_used == 0
     assert result.energy is not None and result.energy.shape == (1,)
@@ -99,11 +99,13 @@ def test_batched_memory_sets_equal_separate_calls() -> None:
     g = torch.Generator().manual_seed(4)
     memories = torch.randn(3, 25, 6, generator=g, dtype=DTYPE)
     queries = torch.randn(3, 4, 6, generator=g, dtype=DTYPE)
-    both = retrieve(queries, memories, SoftmaxN(1), beta=2.0, steps=5, tol=1e-6)
+    both = retrieve(queries, memories, SoftmaxN(1), beta=2.0, steps=5, tol=1e-6, track_energy=True)
     shared = retrieve(queries[0], memories, SoftmaxN(1), beta=2.0, steps=5, tol=1e-6)
     assert shared.patterns.shape == (3, 4, 6)
     for b in range(3):
-        alone = retrieve(queries[b], memories[b], SoftmaxN(1), beta=2.0, steps=5, tol=1e-6)
+        alone = retrieve(
+            queries[b], memories[b], SoftmaxN(1), beta=2.0, steps=5, tol=1e-6, track_energy=True
+        )
         torch.testing.assert_close(both.patterns[b], alone.patterns)
         assert both.steps[b].tolist() == alone.steps.tolist()
         assert both.energy is not None and alone.energy is not None
@@ -116,15 +118,39 @@ def test_polynomial_has_no_default_energy_but_accepts_one() -> None:
     g = torch.Generator().manual_seed(5)
     memories = torch.rand(30, 10, generator=g, dtype=DTYPE)
     x = torch.rand(4, 10, generator=g, dtype=DTYPE)
-    assert retrieve(x, memories, Polynomial(10), steps=3).energy is None
+    assert retrieve(x, memories, Polynomial(10), steps=3, track_energy=True).energy is None
     traced = retrieve(x, memories, Polynomial(10), steps=3, energy=PolynomialEnergy(10))
     assert traced.energy is not None and traced.energy.shape == (4, 4)
     assert retrieve(x, memories, steps=3, track_energy=False).energy is None
 
 
+def test_energy_is_opt_in_and_does_not_change_the_patterns(monkeypatch) -> None:
+    # Issue 16: the default must cost only the updates, never an extra score product per step.
+    g = torch.Generator().manual_seed(6)
+    memories = torch.rand(30, 10, generator=g, dtype=DTYPE)
+    x = torch.rand(4, 10, generator=g, dtype=DTYPE)
+    traced = retrieve(x, memories, SoftmaxN(1), steps=3, track_energy=True)
+    assert traced.energy is not None and traced.energy.shape == (4, 4)
+
+    def no_energy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the default retrieval computed an energy")
+
+    monkeypatch.setattr(Energy, "energy", no_energy)
+    plain = retrieve(x, memories, SoftmaxN(1), steps=3)
+    assert plain.energy is None
+    assert torch.equal(plain.patterns, traced.patterns)
+    assert torch.equal(plain.residuals, traced.residuals)
+    with pytest.raises(ValueError, match="track_energy=False"):
+        retrieve(x, memories, Polynomial(10), energy=PolynomialEnergy(10), track_energy=False)
+    with pytest.raises(TypeError, match="track_energy"):
+        retrieve(x, memories, track_energy="yes")  # type: ignore[arg-type]
+
+
 def test_float32_queries() -> None:
     memories = torch.rand(50, 20)
-    result = retrieve(memories[:3] * 0.9, memories, SoftmaxN(1), beta=1.0, steps=3)
+    result = retrieve(
+        memories[:3] * 0.9, memories, SoftmaxN(1), beta=1.0, steps=3, track_energy=True
+    )
     assert result.patterns.dtype == torch.float32 and result.energy is not None
 
 

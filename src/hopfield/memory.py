@@ -4,8 +4,10 @@
 patterns (no projections: keys = values = memories), with any separation map (softmax,
 Softmax_1, sparsemax, entmax, polynomial, ...) and any structure (dense, top-K, random masks,
 linear or random-feature kernels) of :mod:`hopfield.functional`. Each query stops on its own once
-an update moves it by at most ``tol``; the energy of the model (where the pair separation /
-structure has one, see :func:`hopfield.functional.energy.energy_for`) is recorded after every step.
+an update moves it by at most ``tol``. On request (``track_energy=True``, or an ``energy``), the
+energy of the model (where the pair separation / structure has one, see
+:func:`hopfield.functional.energy.energy_for`) is recorded after every step; by default it is not,
+so a step costs what ``sep(β X Ξᵀ) Ξ`` costs.
 
 Example::
 
@@ -14,7 +16,8 @@ Example::
     >>> from hopfield.memory import retrieve
     >>> memories = torch.randn(100, 64, dtype=torch.float64)
     >>> noisy = memories[:5] + 0.3 * torch.randn(5, 64, dtype=torch.float64)
-    >>> result = retrieve(noisy, memories, SoftmaxN(1), beta=1.0, steps=10, tol=1e-8)
+    >>> result = retrieve(noisy, memories, SoftmaxN(1), beta=1.0, steps=10, tol=1e-8,
+    ...                   track_energy=True)
     >>> result.patterns.shape, result.energy.shape[1:]
     (torch.Size([5, 64]), torch.Size([5]))
     >>> bool((result.energy[1:] <= result.energy[:-1] + 1e-9).all())
@@ -47,7 +50,7 @@ class Retrieval:
         converged: ``(..., L)`` bool, whether the last update moved the query by ``<= tol``.
         residuals: ``(T, ..., L)``, ``‖x_{t+1} - x_t‖`` of every step ``t`` run (0 once stopped).
         energy: ``(T + 1, ..., L)``, the energy before the first and after every step, or
-            ``None`` where the model has no energy (or tracking was off).
+            ``None`` when it was not tracked (the default) or the model has no energy.
     """
 
     patterns: Tensor
@@ -102,6 +105,23 @@ def _as_batched(query: Tensor, memories: Tensor) -> tuple[Tensor, Tensor, tuple[
     return q, m, shape
 
 
+def _traced_energy(
+    separation: Separation, dense: bool, energy: Energy | None, track_energy: bool | None
+) -> Energy | None:
+    """The energy :func:`retrieve` traces, or ``None``; see its ``track_energy``."""
+    if energy is not None and not isinstance(energy, Energy):
+        raise TypeError(f"energy must be an Energy or None, got {type(energy).__name__}")
+    if track_energy is not None and not isinstance(track_energy, bool):
+        raise TypeError(f"track_energy must be a bool or None, got {type(track_energy).__name__}")
+    if track_energy is False:
+        if energy is not None:
+            raise ValueError(f"energy={energy!r} was given with track_energy=False; drop one")
+        return None
+    if energy is not None or not track_energy or not dense:
+        return energy
+    return energy_for(separation)
+
+
 def retrieve(
     query: Tensor,
     memories: Tensor,
@@ -112,7 +132,7 @@ def retrieve(
     tol: float = 0.0,
     *,
     energy: Energy | None = None,
-    track_energy: bool = True,
+    track_energy: bool | None = None,
 ) -> Retrieval:
     """Retrieve stored patterns by iterating ``x ← Ξ sep(β Ξᵀ x)`` from ``query``.
 
@@ -125,13 +145,22 @@ def retrieve(
         beta: inverse temperature, a positive float.
         steps: the most updates per query (``>= 0``).
         tol: a query stops once an update moves it by at most ``tol`` (Euclidean norm).
-        energy: the energy to trace; default: the energy of ``separation`` when the structure is
-            dense (:func:`~hopfield.functional.energy.energy_for`), none otherwise.
-        track_energy: record the energy trace (costs one score product per step).
+        energy: an energy to trace (giving one turns tracking on).
+        track_energy: whether to record an energy trace. ``None`` (default): only when
+            ``energy`` is given. ``True``: ``energy``, or else the energy of ``separation`` when
+            the structure is dense (:func:`~hopfield.functional.energy.energy_for`; no trace for
+            other structures or maps without one). ``False``: never (``energy`` must be ``None``).
+            A trace costs one extra score product ``β X Ξᵀ`` per step, plus one for the start;
+            without it, each step costs only its update.
 
     Returns:
         A :class:`Retrieval` with the patterns, steps per query, convergence flags, step sizes
-        and the energy trace.
+        and the energy trace (``None`` unless tracked). The patterns do not depend on whether
+        the energy is tracked.
+
+    Raises:
+        TypeError: for arguments of the wrong type.
+        ValueError: for bad values or shapes, or an ``energy`` with ``track_energy=False``.
     """
     separation = Softmax() if separation is None else separation
     if not isinstance(separation, Separation):
@@ -146,14 +175,9 @@ def retrieve(
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
     if not (isinstance(tol, int | float) and tol >= 0):
         raise ValueError(f"tol must be a number >= 0, got {tol!r}")
-    if energy is not None and not isinstance(energy, Energy):
-        raise TypeError(f"energy must be an Energy or None, got {type(energy).__name__}")
     x, keys, shape = _as_batched(query, memories)
     dense = structure is None or isinstance(structure, Dense)
-    if track_energy and energy is None and dense:
-        energy = energy_for(separation)
-    if not track_energy:
-        energy = None
+    energy = _traced_energy(separation, dense, energy, track_energy)
 
     def energy_of(state: Tensor) -> Tensor:
         assert energy is not None

@@ -313,6 +313,7 @@ def run_model(
             model.structure,
             beta=model.beta,
             steps=count - done,
+            track_energy=True,
         )
         if result.energy is not None and result.energy.shape[0] > 1:
             trace = result.energy
@@ -549,9 +550,7 @@ def throughput(
 
     with torch.no_grad():
         bare = best(lambda: ((x @ memories.T), (weights @ memories)))
-        ours = best(
-            lambda: retrieve(x, memories, Softmax(), beta=beta, steps=1, track_energy=False)
-        )
+        ours = best(lambda: retrieve(x, memories, Softmax(), beta=beta, steps=1))
     return {"retrieve_s": ours, "matmuls_s": bare, "ratio": ours / bare}
 
 

@@ -239,7 +239,15 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
             x = torch.cat(
                 [sphere(generator, config.trials, 1, d, radius=m) for m in config.dynamics_radii]
             )
-            result = retrieve(x, memories, separation, beta=beta, steps=config.max_steps, tol=1e-12)
+            result = retrieve(
+                x,
+                memories,
+                separation,
+                beta=beta,
+                steps=config.max_steps,
+                tol=1e-12,
+                track_energy=True,
+            )
             assert result.energy is not None
             trace = result.energy
             scale = 1 + trace.abs().amax(dim=0)
