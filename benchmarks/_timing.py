@@ -17,3 +17,24 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_ratio(
+    fn: Callable[[], object], baseline: Callable[[], object], repeats: int, warmup: int = 1
+) -> tuple[float, float, float]:
+    """``(median of fn / baseline, median fn s, median baseline s)``, the two timed in turn.
+
+    Timing the two alternately and taking the median of the per-pair ratios keeps the ratio
+    steady when other work on the machine speeds up or slows down both over the run.
+    """
+    for _ in range(warmup):
+        fn()
+        baseline()
+    ours, base = [], []
+    for _ in range(repeats):
+        for call, times in ((fn, ours), (baseline, base)):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(ours, base, strict=True)]
+    return statistics.median(ratios), statistics.median(ours), statistics.median(base)

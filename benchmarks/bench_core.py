@@ -3,12 +3,14 @@
 Every number is a ratio against a baseline measured in the same run (same process, same
 threads), so the results transfer between machines. Run:
 
-    python benchmarks/bench_core.py [--quick] [--json out.json]
+    python benchmarks/bench_core.py [--quick] [--retrieve-size N] [--json out.json]
 
 Targets (issue #2): Softmax_1 attention <= 1.10x plain ``scaled_dot_product_attention`` and
 >= 5x faster than the explicit formula (B=4, H=8, N=1024, E=64, fp32, CPU, forward and
 forward+backward); peak memory at N=8192 <= 1.2x plain SDPA; ``Hopfield`` forward (B=4,
-N=1024, d=512, 8 heads) <= 1.15x ``nn.MultiheadAttention``.
+N=1024, d=512, 8 heads) <= 1.15x ``nn.MultiheadAttention``. Issue #16: one step of
+``hopfield.memory.retrieve`` with its defaults (10 000 queries x 10 000 memories, d = 784, dense
+softmax) <= 1.15x the plain formula ``softmax(βQMᵀ)M``.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _timing import median_time
-from hopfield.functional import SoftmaxN, associate
+from _timing import interleaved_ratio, median_time
+from hopfield.functional import Softmax, SoftmaxN, associate
 from hopfield.functional.structures import explicit_association
+from hopfield.memory import retrieve
 from hopfield.nn import Hopfield
 
 
@@ -85,7 +88,22 @@ def layer_case(kind: str) -> Callable[[], object]:
     return lambda: hop(x)
 
 
-def run(quick: bool) -> dict[str, float]:
+def retrieve_case(kind: str, n: int, d: int = 784) -> Callable[[], object]:
+    """One dense softmax step of ``n`` queries ``(n, d)`` against ``n`` memories ``(n, d)``.
+
+    ``kind="plain"``: the formula ``softmax(βQMᵀ)M``; ``"retrieve"``: ``retrieve`` with its
+    defaults (one step, no energy trace).
+    """
+    generator = torch.Generator().manual_seed(0)
+    memories = torch.rand(n, d, generator=generator)
+    queries = torch.rand(n, d, generator=generator)
+    beta = 1.0 / d
+    if kind == "plain":
+        return lambda: torch.softmax(beta * queries @ memories.T, dim=-1) @ memories
+    return lambda: retrieve(queries, memories, Softmax(), beta=beta)
+
+
+def run(quick: bool, retrieve_size: int | None = None) -> dict[str, float]:
     repeats = 3 if quick else 10
     n = 256 if quick else 1024
     results: dict[str, float] = {"threads": torch.get_num_threads(), "N": n}
@@ -110,15 +128,30 @@ def run(quick: bool) -> dict[str, float]:
         hop = median_time(layer_case("hopfield"), repeats)
     results["layer_forward_s/mha"], results["layer_forward_s/hopfield"] = mha, hop
     results["layer_forward_s/hopfield ÷ mha"] = hop / mha
+    size = retrieve_size or (2048 if quick else 10_000)
+    with torch.inference_mode():
+        ratio, ours, plain = interleaved_ratio(
+            retrieve_case("retrieve", size), retrieve_case("plain", size), repeats
+        )
+    results[f"retrieve_s@{size}/plain"], results[f"retrieve_s@{size}/retrieve"] = plain, ours
+    results[f"retrieve_s@{size}/retrieve ÷ plain"] = ratio
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument(
+        "--retrieve-size",
+        type=int,
+        default=None,
+        help="queries = memories of the retrieve row (default 10000; 2048 with --quick)",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
-    results = run(args.quick)
+    if args.retrieve_size is not None and args.retrieve_size < 1:
+        parser.error(f"--retrieve-size must be a positive int, got {args.retrieve_size}")
+    results = run(args.quick, args.retrieve_size)
     for key, value in results.items():
         print(f"{key:40s} {value:.4g}")
     if args.json:
