@@ -287,3 +287,26 @@ def test_the_decisive_outlier_test_counts_only_arms_that_pass_the_gate(tmp_path:
     assert none["OEH-T1-kurtosis-opt"]["verdict"] == "not tested at this scale"
     assert "validity gate" in none["OEH-T1-kurtosis-opt"]["note"]
     assert none["OEH-T1-fp-opt"]["seeds"] == 6
+
+
+def test_a_retrieval_study_run_at_several_betas_is_read_at_the_runs_beta(tmp_path: Path) -> None:
+    # OutEffHop's study sweeps β: at the run's β = 1 OutEffHop trails sparse (0.1 vs 0.3 in
+    # each of 4 sets); at β = 0.02, listed last, every model retrieves nothing. Reading both
+    # mixed the sweep into the claim (the later β overwrote the run's): a tie, inconclusive.
+    points = [
+        {"dataset": "mnist", "query": "half", "model": model, "study": "outeffhop",
+         "beta": beta, "steps": 3, "size": 1000,
+         "values": {"rel": [value + 0.01 * i for i in range(4)] if beta == 1.0 else [0.0] * 4}}
+        for beta in (1.0, 0.02)
+        for model, value in (("outeffhop", 0.1), ("dense", 0.1), ("sparse", 0.3), ("poly10", 0.0))
+    ]  # fmt: skip
+    write_record(
+        tmp_path, "memory-capacity",
+        side={"capacity_checkpoint.json": {"cases": {"a": {"points": points}}}},
+    )  # fmt: skip
+    results = json.loads((tmp_path / "memory-capacity" / "results.json").read_text())
+    results["config"] = {"beta": 1.0}
+    (tmp_path / "memory-capacity" / "results.json").write_text(json.dumps(results))
+    record = {r["id"]: r for r in evaluate(tmp_path)}["OEH-F5-capacity"]
+    assert record["verdict"] == "does not hold"
+    assert record["rival"] == "sparse" and record["difference"] == pytest.approx(-0.2)

@@ -136,7 +136,10 @@ def _retrieval_samples(
         same = p["model"] == model and p["study"] == study and p["steps"] == steps
         if same and level in (p.get("size"), p.get("sigma")):
             for i, v in enumerate(p["values"][criterion]):
-                samples[f"{p['dataset']}/{p['query']} set {i}"] = float(v)
+                unit = f"{p['dataset']}/{p['query']} set {i}"
+                if unit in samples:
+                    raise ValueError(f"two {model} points for {unit} at {level}")
+                samples[unit] = float(v)
     return samples
 
 
@@ -156,6 +159,12 @@ def _study_points(
     ]
     if not points:
         raise NotTested(f"{record.name} at {record.preset} has no {study} points on {datasets}")
+    if len({p.get("beta") for p in points}) > 1:
+        # a study run at several β (OutEffHop's sweep): its claims are read at the run's β
+        beta = record.config.get("beta")
+        points = [p for p in points if p.get("beta") == beta]
+        if not points:
+            raise ValueError(f"{record.name}: no {study} points at the run's beta {beta}")
     return points, max(p["steps"] for p in points)
 
 
