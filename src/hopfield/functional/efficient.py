@@ -293,6 +293,28 @@ def _valid_prefix(
 # ------------------------------------------------------------------------------------------------
 
 
+def _recompute_applies(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    dropout: float,
+    return_weights: bool,
+) -> bool:
+    """Whether Top-K takes the recomputing path: gradients are needed, no dropout, no weights,
+    a mask and a separation without gradients of their own."""
+    return (
+        torch.is_grad_enabled()
+        and any(isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, scale))
+        and dropout == 0.0
+        and not return_weights
+        and (mask is None or not mask.requires_grad)
+        and not any(p.requires_grad for p in separation.parameters())
+    )
+
+
 class TopK(_GatheredStructure):
     """Each query keeps its ``K`` largest scores; the separation runs over those only (eq. 3.8).
 
@@ -304,7 +326,11 @@ class TopK(_GatheredStructure):
     Scores are computed in chunks of ``chunk_size`` keys with a running top-K, and queries in
     blocks, so peak memory stays ``O(Lc · (K + chunk))`` however long the memory is; the
     aggregation gathers the ``K`` kept values (``O(L · K · Ev)``). Gradients flow through the
-    kept scores (the selection itself is piecewise constant).
+    kept scores (the selection itself is piecewise constant). When gradients are needed (no
+    dropout, no ``return_weights``) only the kept indices ``(B, H, L, K)`` are stored and the
+    backward pass recomputes each query block's kept scores
+    (:func:`hopfield.functional.blockwise.topk_recomputed`), so training memory is
+    ``O(L · K)`` plus one block.
 
     Args:
         k: number of kept memories per query.
@@ -343,6 +369,20 @@ class TopK(_GatheredStructure):
         return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
+        if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
+            from hopfield.functional.blockwise import topk_recomputed
+
+            out = topk_recomputed(
+                self,
+                q,
+                k,
+                v,
+                separation=separation,
+                scale=scale,
+                bias=additive_bias(mask, q.dtype),
+                causal=causal,
+            )
+            return out, None
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
         chunk = min(size, max(self.chunk_size, upper))

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.functional.separation import Separation, SoftmaxN
+from hopfield.functional.blockwise import blockwise_entmax_attention
+from hopfield.functional.separation import Entmax, Separation, SoftmaxN, Sparsemax
 
 Scale = float | Tensor
 
@@ -117,8 +118,35 @@ class Dense(Structure):
       are never masked; fully masked rows of a plain softmax get one zero key that only they
       can see, so they return zeros instead of NaN.
 
+    Sparsemax and α-entmax with a fixed α (``Sparsemax()``, ``Entmax(alpha)``) run blockwise
+    (:mod:`hopfield.functional.blockwise`: streamed key tiles, no ``L × S`` matrix, scores
+    recomputed in the backward pass) when there is no dropout, no ``return_weights``, the mask
+    needs no gradient and ``B · H · L · S >= blockwise_from``.
+
     Every other separation, and ``return_weights=True``, takes the explicit reference path.
+
+    Args:
+        blockwise_from: the smallest ``B · H · L · S`` that takes the blockwise sparse path
+            (``None``: never).
+        key_block: keys per tile of the blockwise path.
+        max_tile_elements: bound on ``B · H · rows · key_block`` per tile of the blockwise path.
     """
+
+    def __init__(
+        self,
+        *,
+        blockwise_from: int | None = 1 << 22,
+        key_block: int = 512,
+        max_tile_elements: int = 1 << 21,
+    ) -> None:
+        super().__init__()
+        if blockwise_from is not None and blockwise_from < 0:
+            raise ValueError(f"blockwise_from must be >= 0 or None, got {blockwise_from}")
+        if key_block < 1 or max_tile_elements < 1:
+            raise ValueError("key_block and max_tile_elements must be positive")
+        self.blockwise_from = blockwise_from
+        self.key_block = key_block
+        self.max_tile_elements = max_tile_elements
 
     def forward(
         self,
@@ -140,6 +168,31 @@ class Dense(Structure):
             and _flash_applies(q, v, mask, dropout)
         ):
             return _flash_softmax_n(q, k, v, separation.n, scale, mask, causal), None
+        alpha = _blockwise_alpha(separation)
+        if (
+            alpha is not None
+            and not return_weights
+            and dropout == 0.0
+            and self.blockwise_from is not None
+            and (mask is None or not mask.requires_grad)
+            and q.shape[0] * q.shape[1] * length * size >= self.blockwise_from
+        ):
+            bias = mask
+            if mask is not None and mask.dtype == torch.bool:
+                zero = torch.zeros((), dtype=q.dtype, device=q.device)
+                bias = torch.where(mask, zero, torch.full_like(zero, -math.inf))
+            out = blockwise_entmax_attention(
+                q,
+                k,
+                v,
+                alpha=alpha,
+                scale=scale,
+                bias=bias,
+                causal=causal,
+                key_block=self.key_block,
+                max_tile_elements=self.max_tile_elements,
+            )
+            return out, None
         if separation.zero_keys is None or return_weights:
             if causal:
                 mask = with_causal(mask, length, size, q.device)
@@ -194,6 +247,15 @@ class Dense(Structure):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale
         )
+
+
+def _blockwise_alpha(separation: Separation) -> float | None:
+    """The fixed α of a sparsemax / entmax separation the blockwise path serves, else ``None``."""
+    if type(separation) is Sparsemax:
+        return 2.0
+    if type(separation) is Entmax and separation.alpha_logit is None:
+        return separation.initial_alpha
+    return None
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

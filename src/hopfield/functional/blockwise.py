@@ -1,0 +1,489 @@
+"""Sparse attention without an ``L × S`` matrix: blockwise sparsemax / α-entmax and recomputed Top-K.
+
+Sparsemax and α-entmax (``1 < α <= 2``) attention ``O = entmax_α(Z) V`` with ``Z = q' kᵀ + bias``
+(``q' = scale · q``) is computed tile by tile: queries in blocks of ``Lq`` rows, keys in blocks of
+``key_block`` columns, with ``B · H · Lq · key_block <= max_tile_elements``. Nothing larger than a
+tile and the per-row state is ever held, so memory is ``O(L · (Ev + E) + tile)`` however long
+the memory is. The convention is the one of :func:`hopfield.functional.separation.entmax`:
+
+    x = (α - 1) z - max_j (α - 1) z_j,   p_j = [x_j - τ]_+^(1/(α-1)),   Σ_j p_j = 1, τ in [-1, 0).
+
+**Threshold.** With ``r = 1/(α - 1)`` and ``h(τ) = (Σ_j [x_j - τ]_+^r)^(1/r)`` (a p-norm of
+``[x - τ]_+``: convex and decreasing in τ), τ is the root of ``h(τ) = 1``. Newton's method from
+the left end ``τ_0 = -1`` (where ``h >= 1``) stays left of the root and increases monotonically:
+
+    τ ← τ + (h - 1) · G0 / (h · G1),   G0 = Σ [x - τ]_+^r,   G1 = Σ [x - τ]_+^(r-1).
+
+For sparsemax (``r = 1``) this is Michelot's algorithm ``τ ← (Σ_{x>τ} x - 1) / |{x > τ}|``:
+exact once the support ``{x > τ}`` stops changing (at most ``S`` steps, usually a handful).
+For α < 2 the steps stop when the support is unchanged and ``h - 1 <= tol`` (Newton converges
+quadratically once the support is found); the weights are then normalised by ``G0``, as the
+explicit bisection path does. Each step is one streaming pass over the key blocks that
+accumulates ``G0``, ``G1``, the support size and ``Σ_j w_j v_j`` at the current τ, so the pass
+that detects convergence also yields the output. A first pass finds the row maxima.
+
+**Backward** (a custom :class:`torch.autograd.Function`, scores recomputed tile by tile): with
+``s_ij = p_ij^(2-α)`` (the indicator of the support for sparsemax) and the forward's per-row
+``v̄_i = Σ_j s_ij v_j / Σ_j s_ij``, the score gradient is
+``dZ_ij = s_ij (dO_i·v_j - dO_i·v̄_i)``; then ``dV = Pᵀ dO``, ``dq' = dZ k``, ``dk = dZᵀ q'``,
+all accumulated in one pass over the tiles.
+
+**Top-K** keeps :class:`~hopfield.functional.efficient.TopK`'s own support search (a running top-K
+over key chunks, per query block) and its gathered association in the forward pass, but stores
+only the kept key indices ``(B, H, L, K)`` for the backward pass, which recomputes each query
+block's kept scores and the separation (any separation without learnable parameters).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["blockwise_entmax_attention", "topk_recomputed"]
+
+# Per-row Newton steps for α < 2 (sparsemax has its own exact stop and no cap is needed).
+_MAX_NEWTON_STEPS = 100
+
+
+def _rows(t: Tensor | None, start: int, stop: int, length: int) -> Tensor | None:
+    if t is None:
+        return None
+    return t[:, :, start:stop] if t.shape[-2] == length and length > 1 else t
+
+
+def _cols(t: Tensor | None, start: int, stop: int) -> Tensor | None:
+    if t is None:
+        return None
+    return t[..., start:stop] if t.shape[-1] > 1 else t
+
+
+class _Tiles:
+    """The score tiles ``z = q' kᵀ + bias`` (causal entries ``-inf``) of one block of queries."""
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        bias: Tensor | None,
+        causal: bool,
+        start: int,
+        length: int,
+        key_block: int,
+    ) -> None:
+        self.q, self.k, self.bias, self.causal = q, k, bias, causal
+        self.start, self.length, self.key_block = start, length, key_block
+        self.size = k.shape[-2]
+        rows = q.shape[-2]
+        self.offset = self.size - length
+        self.query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
+        # Causal: keys beyond the last query's limit are never seen by this block.
+        self.stop = min(self.size, start + rows + self.offset) if causal else self.size
+
+    def __iter__(self) -> Any:
+        for lo in range(0, max(self.stop, 0), self.key_block):
+            hi = min(lo + self.key_block, self.stop)
+            z = torch.matmul(self.q, self.k[:, :, lo:hi].transpose(-1, -2))
+            bias = _cols(self.bias, lo, hi)
+            if bias is not None:
+                z = z + bias
+            if self.causal:
+                cols = torch.arange(lo, hi, device=z.device).view(1, hi - lo)
+                z = z.masked_fill(cols > self.query + self.offset, -math.inf)
+            yield lo, hi, z
+
+
+def _query_rows(batch_heads: int, length: int, key_block: int, max_tile_elements: int) -> int:
+    return max(1, min(length, max_tile_elements // max(1, batch_heads * key_block)))
+
+
+def _solve_block(
+    tiles: _Tiles, v: Tensor, alpha: float, need_mean: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Threshold and output of one query block.
+
+    Returns ``(out, m, tau, norm, vbar)``: the output ``(B, H, Lq, Ev)``, the row shift ``m``
+    (``max (α-1) z``, 0 for rows without keys), the threshold τ (``+inf`` for rows without keys),
+    the normaliser ``G0`` (1 for sparsemax) and, when ``need_mean``, ``v̄``.
+    """
+    sparsemax = alpha == 2.0
+    coef = alpha - 1.0
+    power = 1.0 / coef
+    shape = (*tiles.q.shape[:-1], 1)
+    peak = tiles.q.new_full(shape, -math.inf)
+    for _, _, z in tiles:
+        peak = torch.maximum(peak, z.amax(dim=-1, keepdim=True).expand(shape))
+    valid = peak > -math.inf
+    m = torch.where(valid, peak * coef, torch.zeros_like(peak))
+    tau = torch.where(valid, torch.full_like(m, -1.0), torch.full_like(m, math.inf))
+    done = ~valid
+    previous: Tensor | None = None
+    tol = 64 * torch.finfo(tiles.q.dtype).eps
+    ev = v.shape[-1]
+    step = 0
+    while True:
+        step += 1
+        g0 = torch.zeros_like(m)
+        g1 = torch.zeros_like(m)
+        count = torch.zeros_like(m)
+        out = tiles.q.new_zeros(*shape[:-1], ev)
+        mean = tiles.q.new_zeros(*shape[:-1], ev) if need_mean else None
+        for lo, hi, z in tiles:
+            gap = (z * coef - m - tau).clamp_min(0) if not sparsemax else (z - m - tau).clamp_min(0)
+            inside = gap > 0
+            s = inside.to(gap.dtype) if sparsemax else gap ** (power - 1)
+            w = gap if sparsemax else s * gap
+            g0 += w.sum(dim=-1, keepdim=True)
+            g1 += s.sum(dim=-1, keepdim=True)
+            count += inside.sum(dim=-1, keepdim=True)
+            v_block = v[:, :, lo:hi]
+            out += torch.matmul(w, v_block)
+            if mean is not None:
+                mean += torch.matmul(s, v_block)
+        stable = count == previous if previous is not None else torch.zeros_like(done)
+        if sparsemax:
+            converged = stable
+        else:
+            h = g0.clamp_min(0) ** coef  # g0 ** (1 / power)
+            converged = stable & (h - 1 <= tol)
+        done = done | converged
+        if bool(done.all()) or (not sparsemax and step >= _MAX_NEWTON_STEPS):
+            break
+        safe_g1 = torch.where(g1 > 0, g1, torch.ones_like(g1))
+        if sparsemax:
+            proposal = tau + (g0 - 1) / safe_g1
+        else:
+            safe_h = torch.where(h > 0, h, torch.ones_like(h))
+            proposal = tau + (h - 1) * g0 / (safe_h * safe_g1)
+        tau = torch.where(done, tau, torch.maximum(tau, proposal))
+        previous = count
+    norm = torch.ones_like(g0) if sparsemax else torch.where(g0 > 0, g0, torch.ones_like(g0))
+    if not sparsemax:
+        out = out / norm
+    vbar = None
+    if mean is not None:
+        vbar = mean / torch.where(g1 > 0, g1, torch.ones_like(g1))
+    return out, m, tau, norm, vbar
+
+
+class _BlockwiseEntmax(torch.autograd.Function):
+    """α-entmax attention over key tiles; the backward pass recomputes the tiles."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        causal: bool,
+        alpha: float,
+        key_block: int,
+        max_tile_elements: int,
+    ) -> Tensor:
+        batch, heads, length, _ = q.shape
+        need_grad = any(ctx.needs_input_grad[:3])
+        rows = _query_rows(batch * heads, length, key_block, max_tile_elements)
+        out = q.new_zeros(batch, heads, length, v.shape[-1])
+        state = q.new_zeros(batch, heads, length, 3)  # m, tau, norm
+        vbar = q.new_zeros(batch, heads, length, v.shape[-1]) if need_grad else None
+        for start in range(0, length, rows):
+            stop = min(start + rows, length)
+            tiles = _Tiles(
+                q[:, :, start:stop],
+                k,
+                _rows(bias, start, stop, length),
+                causal,
+                start,
+                length,
+                key_block,
+            )
+            o, m, tau, norm, mean = _solve_block(tiles, v, alpha, need_grad)
+            out[:, :, start:stop] = o
+            state[:, :, start:stop] = torch.cat([m, tau, norm], dim=-1)
+            if vbar is not None and mean is not None:
+                vbar[:, :, start:stop] = mean
+        ctx.save_for_backward(q, k, v, bias, state, vbar)
+        ctx.causal, ctx.alpha, ctx.key_block, ctx.rows = causal, alpha, key_block, rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, bias, state, vbar = ctx.saved_tensors
+        alpha: float = ctx.alpha
+        sparsemax = alpha == 2.0
+        coef = alpha - 1.0
+        power = 1.0 / coef
+        length = q.shape[-2]
+        grad = grad.contiguous()
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        for start in range(0, length, ctx.rows):
+            stop = min(start + ctx.rows, length)
+            q_block = q[:, :, start:stop]
+            tiles = _Tiles(
+                q_block,
+                k,
+                _rows(bias, start, stop, length),
+                ctx.causal,
+                start,
+                length,
+                ctx.key_block,
+            )
+            m, tau, norm = state[:, :, start:stop].split(1, dim=-1)
+            g = grad[:, :, start:stop]
+            centre = (g * vbar[:, :, start:stop]).sum(dim=-1, keepdim=True)
+            # s = p^(2-α) = gap^(r-1) / norm^(2-α) with the normalised p = gap^r / norm.
+            s_scale = norm ** (alpha - 2.0)
+            dq_block = torch.zeros_like(q_block)
+            for lo, hi, z in tiles:
+                gap = (
+                    (z * coef - m - tau).clamp_min(0)
+                    if not sparsemax
+                    else (z - m - tau).clamp_min(0)
+                )
+                if sparsemax:
+                    p = gap
+                    s = (gap > 0).to(gap.dtype)
+                else:
+                    s = gap ** (power - 1)
+                    p = s * gap / norm
+                    s = s * s_scale
+                v_block = v[:, :, lo:hi]
+                dz = s * (torch.matmul(g, v_block.transpose(-1, -2)) - centre)
+                dq_block += torch.matmul(dz, k[:, :, lo:hi])
+                dk[:, :, lo:hi] += torch.matmul(dz.transpose(-1, -2), q_block)
+                dv[:, :, lo:hi] += torch.matmul(p.transpose(-1, -2), g)
+            dq[:, :, start:stop] = dq_block
+        return dq, dk, dv, None, None, None, None, None
+
+
+def blockwise_entmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alpha: float = 2.0,
+    scale: float | Tensor = 1.0,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    key_block: int = 512,
+    max_tile_elements: int = 1 << 21,
+) -> Tensor:
+    """``entmax_α(scale · q kᵀ + bias) v`` without an ``L × S`` matrix (see the module docstring).
+
+    Args:
+        q: queries ``(B, H, L, E)``; k: keys ``(B, H, S, E)``; v: values ``(B, H, S, Ev)``.
+        alpha: a float in ``(1, 2]`` (2 is sparsemax).
+        scale: a float or a tensor broadcastable to ``(B, H, L, 1)`` (gradients flow to it).
+        bias: ``None`` or an additive mask broadcastable to ``(B, H, L, S)`` (``-inf`` = masked;
+            no gradient flows to it).
+        causal: query ``i`` sees only keys ``j <= i + S - L``.
+        key_block: keys per tile.
+        max_tile_elements: bound on ``B · H · Lq · key_block`` (the query rows per tile follow).
+
+    Rows without any visible key give zeros (with zero gradients). Half-precision inputs are
+    computed in float32.
+    """
+    if not 1.0 < alpha <= 2.0:
+        raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
+    if key_block < 1 or max_tile_elements < 1:
+        raise ValueError("key_block and max_tile_elements must be positive")
+    if bias is not None and bias.requires_grad:
+        raise ValueError("the blockwise path gives no gradient to the mask; use the explicit path")
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+        if isinstance(scale, Tensor):
+            scale = scale.float()
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    out: Tensor = _BlockwiseEntmax.apply(
+        q * scale, k, v, bias, bool(causal), float(alpha), int(key_block), int(max_tile_elements)
+    )
+    return out.to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-K with recomputation
+# ------------------------------------------------------------------------------------------------
+
+
+class _TopKRecomputed(torch.autograd.Function):
+    """Top-K association that saves the kept indices only and recomputes in the backward pass."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: Tensor | None,
+        float_scale: float,
+        structure: Any,
+        separation: Any,
+        bias: Tensor | None,
+        causal: bool,
+    ) -> Tensor:
+        from hopfield.functional.efficient import _DENSE_SCORES_FROM, upper_count
+
+        batch, heads, length, dim = q.shape
+        size, ev = k.shape[-2], v.shape[-1]
+        scale_any: Tensor | float = float_scale if scale is None else scale
+        upper = upper_count(structure.k, structure.fraction, size)
+        chunk = min(size, max(structure.chunk_size, upper))
+        scores_per_query = size if upper * _DENSE_SCORES_FROM >= size else upper * dim
+        # The backward pass holds the gathered keys and values and their gradients.
+        per_query = max(scores_per_query, 2 * upper + chunk, 2 * upper * max(dim, ev))
+        block = structure._block_length(batch * heads, per_query, length)
+        k_flat = k.reshape(batch * heads * size, dim)
+        v_flat = v.reshape(batch * heads * size, ev)
+        out = q.new_empty(batch, heads, length, ev)
+        supports: list[tuple[Tensor, Tensor | None]] = []
+        for start in range(0, length, block):
+            stop = min(start + block, length)
+            q_block = q[:, :, start:stop]
+            scale_block = _scale_rows(scale_any, start, stop, length)
+            bias_block = _rows(bias, start, stop, length)
+            idx, keep, scores = structure._support(
+                q_block,
+                k,
+                scale=scale_block,
+                bias=bias_block,
+                causal=causal,
+                start=start,
+                length=length,
+            )
+            o, _ = structure._associate_gathered(
+                q_block,
+                k_flat,
+                v_flat,
+                idx,
+                keep,
+                scores,
+                size=size,
+                offset=size - length,
+                start=start,
+                separation=separation,
+                scale=scale_block,
+                bias=bias_block,
+                causal=causal,
+                dropout=0.0,
+                return_weights=False,
+            )
+            out[:, :, start:stop] = o
+            small = idx.to(torch.int32) if size < 2**31 else idx
+            supports.append((small, keep))
+        ctx.save_for_backward(q, k, v, scale, bias)
+        ctx.supports, ctx.block, ctx.float_scale = supports, block, float_scale
+        ctx.separation, ctx.causal = separation, causal
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, scale, bias = ctx.saved_tensors
+        batch, heads, length, dim = q.shape
+        size, ev = k.shape[-2], v.shape[-1]
+        k_flat = k.reshape(batch * heads * size, dim)
+        v_flat = v.reshape(batch * heads * size, ev)
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k_flat)
+        dv = torch.zeros_like(v_flat)
+        scale_leaf = None
+        dscale = None
+        if scale is not None:
+            scale_leaf = scale.detach().requires_grad_(ctx.needs_input_grad[3])
+            dscale = torch.zeros_like(scale) if ctx.needs_input_grad[3] else None
+        base = torch.arange(batch * heads, device=q.device).view(batch, heads, 1, 1) * size
+        grad = grad.contiguous()
+        for number, start in enumerate(range(0, length, ctx.block)):
+            stop = min(start + ctx.block, length)
+            idx, keep = ctx.supports[number]
+            idx = idx.to(torch.int64)
+            rows = idx.shape[-2]
+            flat = base + idx
+            g = grad[:, :, start:stop]
+            with torch.enable_grad():
+                q_leaf = q[:, :, start:stop].detach().requires_grad_()
+                keys = F.embedding(flat, k_flat).detach().requires_grad_()  # (B, H, Lc, K, E)
+                scale_block = _scale_rows(
+                    ctx.float_scale if scale_leaf is None else scale_leaf, start, stop, length
+                )
+                scores = torch.matmul(keys, q_leaf.unsqueeze(-1)).squeeze(-1) * scale_block
+                bias_block = _rows(bias, start, stop, length)
+                if bias_block is not None:
+                    scores = scores + (
+                        bias_block
+                        if bias_block.shape[-1] == 1
+                        else torch.gather(bias_block.expand(*idx.shape[:-1], size), -1, idx)
+                    )
+                blocked = None if keep is None else ~keep
+                if ctx.causal:
+                    query = torch.arange(start, stop, device=q.device).view(rows, 1)
+                    beyond = idx > query + (size - length)
+                    blocked = beyond if blocked is None else blocked | beyond
+                if blocked is not None:
+                    scores = scores.masked_fill(blocked, -math.inf)
+                weights = ctx.separation(scores)
+                values = F.embedding(flat, v_flat)  # (B, H, Lc, K, Ev)
+                d_weights = torch.matmul(values, g.unsqueeze(-1)).squeeze(-1).to(weights.dtype)
+                del values
+                inputs = [q_leaf, keys] + ([scale_leaf] if dscale is not None else [])
+                grads = torch.autograd.grad(weights, inputs, d_weights)
+            dq[:, :, start:stop] = grads[0]
+            positions = flat.reshape(-1)
+            dk.index_add_(0, positions, grads[1].reshape(-1, dim))
+            contribution = weights.detach().to(g.dtype).unsqueeze(-1) * g.unsqueeze(-2)
+            dv.index_add_(0, positions, contribution.reshape(-1, ev))
+            if dscale is not None:
+                dscale += grads[2]
+        return (
+            dq,
+            dk.view_as(k),
+            dv.view_as(v),
+            dscale,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _scale_rows(scale: Tensor | float, start: int, stop: int, length: int) -> Tensor | float:
+    if not isinstance(scale, Tensor):
+        return scale
+    scale = scale.reshape((1,) * (4 - scale.dim()) + tuple(scale.shape))
+    return scale[:, :, start:stop] if scale.shape[-2] == length and length > 1 else scale
+
+
+def topk_recomputed(
+    structure: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    separation: Any,
+    scale: float | Tensor,
+    bias: Tensor | None,
+    causal: bool,
+) -> Tensor:
+    """:class:`~hopfield.functional.efficient.TopK` association (no dropout, no weights) whose
+    backward pass recomputes the kept scores from the stored key indices."""
+    scale_t = scale if isinstance(scale, Tensor) else None
+    out: Tensor = _TopKRecomputed.apply(
+        q,
+        k,
+        v,
+        scale_t,
+        0.0 if isinstance(scale, Tensor) else float(scale),
+        structure,
+        separation,
+        bias,
+        bool(causal),
+    )
+    return out
