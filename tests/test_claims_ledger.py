@@ -310,3 +310,16 @@ def test_a_retrieval_study_run_at_several_betas_is_read_at_the_runs_beta(tmp_pat
     record = {r["id"]: r for r in evaluate(tmp_path)}["OEH-F5-capacity"]
     assert record["verdict"] == "does not hold"
     assert record["rival"] == "sparse" and record["difference"] == pytest.approx(-0.2)
+
+
+def test_the_ledger_renders_as_a_docs_section(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    from hopfield.claims.report import ledger_section
+    from hopfield.report import render_doc_blocks
+
+    section = ledger_section(tmp_path)
+    assert section.startswith("Every checkable claim") and "# Claims ledger" not in section
+    assert "\n### Notes\n" in section and "\n## " not in section
+    assert f"`{tmp_path.name}`" in section  # the folder by its name, not a machine path
+    doc = "x\n<!-- generated: claims/ledger -->\nold\n<!-- /generated -->\n"
+    filled = render_doc_blocks(doc, tmp_path)
+    assert filled == f"x\n<!-- generated: claims/ledger -->\n\n{section}\n\n<!-- /generated -->\n"

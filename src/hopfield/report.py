@@ -24,6 +24,9 @@ from hopfield.experiments.runner import RESULTS_FILE, load_record
 REPORT_FILE = "REPORT.md"
 
 #: A generated block of a documentation file: its experiment, table name and current content.
+#: The block ``<!-- generated: claims/ledger -->``: the claims ledger of the results folder.
+LEDGER_BLOCK = ("claims", "ledger")
+
 GENERATED_BLOCK = re.compile(
     r"<!-- generated: (?P<experiment>[^/\n]+?)/(?P<table>[^\n]+?) -->\n"
     r"(?P<body>.*?)<!-- /generated -->",
@@ -105,11 +108,18 @@ def find_table(results_dir: Path | str, experiment: str, name: str) -> Table:
 def render_doc_blocks(doc_text: str, results_dir: Path | str) -> str:
     """``doc_text`` with every generated block (``<!-- generated: EXPERIMENT/TABLE NAME -->`` …
     ``<!-- /generated -->``) filled with that table of the record in ``results_dir``, rendered
-    by :func:`table_markdown` between blank lines. Text outside the blocks is unchanged."""
+    by :func:`table_markdown` between blank lines; the block ``claims/ledger``
+    (:data:`LEDGER_BLOCK`) holds the claims ledger of ``results_dir``
+    (:func:`hopfield.claims.report.ledger_section`). Text outside the blocks is unchanged."""
 
     def fill(match: re.Match[str]) -> str:
         experiment, name = match["experiment"].strip(), match["table"].strip()
-        body = table_markdown(find_table(results_dir, experiment, name))
+        if (experiment, name) == LEDGER_BLOCK:
+            from hopfield.claims.report import ledger_section
+
+            body = ledger_section(results_dir)
+        else:
+            body = table_markdown(find_table(results_dir, experiment, name))
         return f"<!-- generated: {experiment}/{name} -->\n\n{body}\n\n<!-- /generated -->"
 
     return GENERATED_BLOCK.sub(fill, doc_text)

@@ -13,7 +13,7 @@ from hopfield.claims.claim import PAPERS
 from hopfield.claims.ledger import evaluate
 from hopfield.claims.verdict import VERDICTS
 
-__all__ = ["JSON_FILE", "MARKDOWN_FILE", "render_markdown", "write_ledger"]
+__all__ = ["JSON_FILE", "MARKDOWN_FILE", "ledger_section", "render_markdown", "write_ledger"]
 
 JSON_FILE = "claims.json"
 MARKDOWN_FILE = "CLAIMS.md"
@@ -143,3 +143,13 @@ def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
         lines += ["", "## Notes", ""]
         lines += [f"* `{r['id']}`: {_cell(r['note'])}" for r in notes]
     return "\n".join(lines) + "\n"
+
+
+def ledger_section(directory: Path | str) -> str:
+    """The ledger of ``directory`` as a section of another document (``docs/claims.md``): the
+    text of ``CLAIMS.md`` without its title, its headings one level down. The folder is named by
+    its last component, as a path relative to the repository."""
+    directory = Path(directory)
+    text = render_markdown(evaluate(directory), source=directory.name)
+    body = text.split("\n", 2)[2]  # drop "# Claims ledger" and the blank line after it
+    return body.replace("\n## ", "\n### ").rstrip("\n")
