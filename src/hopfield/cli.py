@@ -1,17 +1,62 @@
-"""The ``hopfield`` command: list, run, reproduce and report experiments."""
+"""The ``hopfield`` command: list, run, reproduce and report experiments.
+
+A mistake in the input (an unknown experiment, preset or ``--set`` field, a value of the wrong
+type, a missing dataset or results folder) is one line on stderr and exit status 2, as argparse's
+own errors; Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
+command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, all_experiments, get
-from hopfield.experiments.runner import reproduce, run_experiment
-from hopfield.report import build_report, update_docs
+from hopfield.experiments.runner import ConfigError, reproduce, run_experiment
+from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
 from hopfield.training import process_layout
+
+USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+
+
+class UsageError(Exception):
+    """A mistake in the command's input, reported as one line (exit status 2)."""
+
+
+class CommandExit(SystemExit):
+    """How :func:`main` ends on a user error or Ctrl-C, after printing its one line: a
+    ``SystemExit`` with the exit status as ``code`` and the line as ``str()``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text.strip())
+
+
+def _exit(status: int, command: str, message: str) -> NoReturn:
+    line = f"hopfield {command}: {_one_line(message)}"
+    if process_layout()[0] == 0:  # one line per launch, not per process
+        print(line, file=sys.stderr, flush=True)
+    raise CommandExit(status, line)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: ``hopfield run: error: ... (see hopfield run -h)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {_one_line(message)} (see {self.prog} -h)\n")
 
 
 def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
@@ -19,13 +64,23 @@ def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--set expects NAME=VALUE, got {pair!r}")
+            raise UsageError(f"--set expects NAME=VALUE, got {pair!r}")
         overrides[key] = value
     return overrides
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hopfield", description="Modern Hopfield networks: experiments and reports."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument(
         "--max-steps",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="N",
         help="end every training run after N optimiser steps (schedule of the full run; smoke "
@@ -61,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--micro-batch-size",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="M",
         help="examples per forward/backward pass and process (the global batch stays)",
@@ -141,20 +196,20 @@ def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from hopfield.plan import plan, plan_to_dict, render_markdown
 
     if args.all == (args.name is not None):
-        raise SystemExit("plan: give an experiment name or --all (not both)")
+        raise UsageError("give an experiment name or --all (not both)")
+    if not 0.0 < args.mfu <= 1.0:
+        raise UsageError(f"--mfu must lie in (0, 1], got {args.mfu}")
     names = [e.name for e in all_experiments()] if args.all else [args.name]
+    for name in names:
+        _check_preset(name, args.preset)
 
     def progress(job: str) -> None:
         if sys.stderr.isatty():
             print(f"\033[2K\rpricing {job}", end="", file=sys.stderr, flush=True)
 
-    try:
-        results = [
-            plan(n, args.preset, mfu=args.mfu, data_dir=args.data_dir, progress=progress)
-            for n in names
-        ]
-    except ValueError as error:
-        raise SystemExit(f"plan: {error}") from None
+    results = [
+        plan(n, args.preset, mfu=args.mfu, data_dir=args.data_dir, progress=progress) for n in names
+    ]
     if sys.stderr.isatty():
         print("\033[2K\r", end="", file=sys.stderr, flush=True)
     if args.json:
@@ -167,76 +222,161 @@ def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "list":
-        for e in all_experiments():
-            presets = "/".join(e.presets)
-            print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
-        return 0
-    if args.command == "run":
+def _experiment_names(names: Sequence[str]) -> None:
+    """``UsageError`` naming the registered experiments unless every one of ``names`` is one."""
+    for name in names:
         try:
-            preset_names = get(args.name).presets
+            get(name)
         except ValueError as error:
-            raise SystemExit(str(error)) from None
-        if args.preset not in preset_names:
-            raise SystemExit(
-                f"--preset: {args.name} has presets {', '.join(preset_names)}, not {args.preset!r}"
-            )
-        path = run_experiment(
-            args.name,
-            args.preset,
-            args.out,
-            data_dir=args.data_dir,
-            seed=args.seed,
-            overrides=_parse_overrides(args.overrides),
-            progress=not args.no_progress,
-            stop_after=args.max_steps,
-            micro_batch_size=args.micro_batch_size,
-            mixed_precision=args.mixed_precision,
-            stand_in_data=args.stand_in_data,
-        )
-        if process_layout()[0] == 0:
-            print(f"results: {path}")
-            print(f"report:  {build_report(path.parent)}")
-        _leave_process_group()
-        return 0
-    if args.command == "reproduce":
-        paths, skipped = reproduce(
-            args.preset,
-            args.out,
-            data_dir=args.data_dir,
-            progress=not args.no_progress,
-            only=args.only,
-        )
-        for path in paths:
-            print(f"results: {path}")
-        for name, reason in skipped.items():
-            print(f"skipped: {name}: {reason}")
-        print(f"report:  {build_report(args.out)}")
-        print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
-        return 0
-    if args.command == "report":
-        print(build_report(args.dir))
-        if args.docs:
-            try:
-                changed = update_docs(args.docs, args.dir)
-            except ValueError as error:
-                raise SystemExit(f"report --docs: {error}") from None
-            for path in changed:
-                print(f"updated: {path}")
-        return 0
-    if args.command == "claims":
-        from hopfield.claims.report import write_ledger
+            raise UsageError(f"{error} (see hopfield list)") from None
 
-        if not args.dir.is_dir():
-            raise SystemExit(f"claims: {args.dir} is not a directory")
-        for path in write_ledger(args.dir):
-            print(f"claims:  {path}")
-        return 0
-    if args.command == "plan":
-        return _plan_command(args, argv)
-    raise AssertionError(f"unhandled command {args.command}")  # argparse guarantees a command
+
+def _check_preset(name: str, preset: str) -> None:
+    _experiment_names([name])
+    presets = get(name).presets
+    if preset not in presets:
+        raise UsageError(f"--preset: {name} has presets {', '.join(presets)}, not {preset!r}")
+
+
+def _results_folder(folder: Path) -> None:
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a directory (give the folder a run wrote to, e.g. runs)")
+
+
+def _check_record(path: Path) -> None:
+    """``UsageError`` unless ``path`` holds a record of ``hopfield run`` the report can read."""
+    import json
+
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{path} is not readable JSON ({error})") from None
+    needed = {"experiment", "preset", "wall_time_s", "versions", "results"}
+    missing = needed - set(record) if isinstance(record, dict) else needed
+    if missing:
+        raise UsageError(
+            f"{path} is not a record of `hopfield run` (it lacks {', '.join(sorted(missing))})"
+        )
+
+
+def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    for e in all_experiments():
+        presets = "/".join(e.presets)
+        print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
+    return 0
+
+
+def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    _check_preset(args.name, args.preset)
+    path = run_experiment(
+        args.name,
+        args.preset,
+        args.out,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        overrides=_parse_overrides(args.overrides),
+        progress=not args.no_progress,
+        stop_after=args.max_steps,
+        micro_batch_size=args.micro_batch_size,
+        mixed_precision=args.mixed_precision,
+        stand_in_data=args.stand_in_data,
+    )
+    if process_layout()[0] == 0:
+        print(f"results: {path}")
+        print(f"report:  {build_report(path.parent)}")
+    _leave_process_group()
+    return 0
+
+
+def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    if args.only is not None:
+        _experiment_names(args.only)
+    paths, skipped = reproduce(
+        args.preset,
+        args.out,
+        data_dir=args.data_dir,
+        progress=not args.no_progress,
+        only=args.only,
+    )
+    for path in paths:
+        print(f"results: {path}")
+    for name, reason in skipped.items():
+        print(f"skipped: {name}: {reason}")
+    if find_records(Path(args.out)):  # none when every experiment was skipped
+        print(f"report:  {build_report(args.out)}")
+    print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
+    return 0
+
+
+def _report_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    _results_folder(args.dir)
+    records = find_records(args.dir)
+    if not records:
+        raise UsageError(f"no {RESULTS_FILE} below {args.dir}; run `hopfield run` first")
+    for record in records:
+        _check_record(record)
+    for doc in args.docs or ():
+        if not doc.is_file():
+            raise UsageError(f"--docs: {doc} is not a file")
+    print(build_report(args.dir))
+    if args.docs:
+        try:
+            changed = update_docs(args.docs, args.dir)
+        except ValueError as error:  # a generated block names a record or table not there
+            raise UsageError(f"--docs: {error}") from None
+        for path in changed:
+            print(f"updated: {path}")
+    return 0
+
+
+def _claims_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.claims.report import write_ledger
+
+    _results_folder(args.dir)
+    for path in write_ledger(args.dir):
+        print(f"claims:  {path}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] = {
+    "list": _list_command,
+    "run": _run_command,
+    "reproduce": _reproduce_command,
+    "report": _report_command,
+    "claims": _claims_command,
+    "plan": _plan_command,
+}
+
+
+def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | None:
+    """The folder that holds the work of a run stopped by Ctrl-C (``None``: no run)."""
+    if args.command == "run":
+        return Path(args.out) / args.name
+    if args.command == "reproduce":
+        return Path(getattr(stop, "out_dir", args.out))
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``); returns 0 when it succeeds.
+
+    A user error prints one line to stderr and raises ``SystemExit`` with status 2 (Ctrl-C:
+    130), whose ``str()`` is that line.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, argv)
+    except (UsageError, ConfigError, DataNotFoundError, ChecksumError) as error:
+        _exit(USAGE_ERROR, args.command, str(error))
+    except KeyboardInterrupt as stop:
+        folder = _stopped_in(args, stop)
+        if folder is None:
+            _exit(INTERRUPTED, args.command, "interrupted")
+        _exit(
+            INTERRUPTED,
+            args.command,
+            f"interrupted; the run so far is in {folder}, and the same command resumes it",
+        )
 
 
 def _leave_process_group() -> None:

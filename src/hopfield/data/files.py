@@ -88,10 +88,18 @@ def locate(
     for system_path in map(Path, file.system_paths):
         if system_path.is_file():
             return system_path
-    where = str(root / file.relative_path) if root is not None else f"$DATA/{file.relative_path}"
+    system = ", ".join(file.system_paths)
+    if root is None:
+        where = f"no data folder is set (neither --data-dir / data_dir=... nor ${DATA_ENV})"
+        where += f" and it is not at {system}" if system else ""
+    else:
+        source = "--data-dir / data_dir" if data_dir is not None else f"${DATA_ENV}"
+        where = f"not at {(root / file.relative_path).absolute()}" + (
+            f" nor at {system}" if system else ""
+        )
+        where += f" (data folder {root.absolute()}, from {source})"
     raise DataNotFoundError(
-        f"dataset file {file.relative_path!r} not found (looked for {where}"
-        + (f" and {', '.join(file.system_paths)}" if file.system_paths else "")
-        + f"). Pass data_dir=... / --data-dir or set ${DATA_ENV} to the folder that holds it; "
-        f"the original is at {file.url}"
+        f"dataset file {file.relative_path!r} not found: {where}. Pass --data-dir DIR "
+        f"(data_dir=DIR in Python) or set ${DATA_ENV}=DIR, where DIR/{file.relative_path} is the "
+        f"file; the original is at {file.url}"
     )

@@ -10,7 +10,8 @@ import time
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 import torch
@@ -45,20 +46,117 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class ConfigError(ValueError):
+    """A configuration an experiment cannot run: an unknown field, or a value of the wrong type
+    or out of range (the command line prints it as one line, exit status 2)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_experiment`; ``out_dir`` holds the run so far (its checkpoints),
+    and the same call resumes it."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(str(out_dir))
+        self.out_dir = out_dir
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) and not get_args(hint) else str(hint)
+
+
+def _conform(value: Any, hint: Any) -> Any:
+    """``value`` (parsed JSON) as the type ``hint`` of a dataclass field: JSON lists become
+    tuples where the field is a tuple, ints become floats where it is a float. Raises
+    ``TypeError`` when the value does not fit; types it does not know pass unchecked."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if hint is None or hint is type(None):
+        if value is not None:
+            raise TypeError
+        return None
+    if origin in (Union, UnionType):
+        for option in args:
+            try:
+                return _conform(value, option)
+            except TypeError:
+                continue
+        raise TypeError
+    if origin is Literal:
+        if value not in args:
+            raise TypeError
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise TypeError
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            items = [_conform(v, args[0]) for v in value]
+            return items if origin is list else tuple(items)
+        if len(args) != len(value):  # a tuple of fixed length
+            raise TypeError
+        return tuple(_conform(v, a) for v, a in zip(value, args, strict=True))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError
+        if not args:
+            return value
+        return {_conform(k, args[0]): _conform(v, args[1]) for k, v in value.items()}
+    return value
+
+
 def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
-    """``config`` with fields replaced from ``{"name": "text value"}`` (parsed as JSON when possible)."""
+    """``config`` with fields replaced from ``{"name": "text value"}``.
+
+    A value is parsed as JSON when it is JSON (``5``, ``[0.1, 1]``, ``true``, ``"text"``), else
+    taken as a string, and must fit the field's type (a JSON list for a tuple field, which it
+    becomes). Raises :class:`ConfigError` for an unknown field, a value of the wrong type, or a
+    value the configuration rejects (its ``__post_init__``).
+    """
     if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"config must be a dataclass instance, got {type(config).__name__}")
     known = {f.name for f in fields(config)}
+    hints = get_type_hints(type(config))
     changes: dict[str, Any] = {}
     for key, text in overrides.items():
         if key not in known:
-            raise ValueError(f"unknown config field {key!r}; fields: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown config field {key!r}; fields: {', '.join(sorted(known))}")
         try:
-            changes[key] = json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError:
-            changes[key] = text
-    return replace(config, **changes)
+            value = text
+        try:
+            changes[key] = _conform(value, hints[key])
+        except TypeError:
+            try:  # `--set name=2024` for a text field
+                changes[key] = _conform(text, hints[key])
+                continue
+            except TypeError:
+                pass
+            raise ConfigError(
+                f"{key}={text} does not fit the field's type {_type_name(hints[key])} (values "
+                f'are JSON: 5, 0.5, true, "text", [1, 2]); it is now '
+                f"{key}={json.dumps(getattr(config, key), default=str)}"
+            ) from None
+    try:
+        return replace(config, **changes)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from error
 
 
 def run_experiment(
@@ -107,7 +205,12 @@ def run_experiment(
     seed_everything(int(getattr(config, "seed", 0)))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    results = experiment.run(config, context)
+    try:
+        results = experiment.run(config, context)
+    except KeyboardInterrupt as stop:
+        if isinstance(stop, RunInterrupted):
+            raise
+        raise RunInterrupted(context.out_dir) from stop
     if not isinstance(results, Results):
         raise TypeError(f"experiment {name!r} returned {type(results).__name__}, expected Results")
     record = {

@@ -1,0 +1,248 @@
+"""The command line's user errors (one line on stderr, exit status 2), Ctrl-C (where the run
+stopped, exit status 130) and real bugs (tracebacks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hopfield.cli import main
+from hopfield.data import DataFile, locate
+from hopfield.experiments import Experiment, Results, RunContext, Table, get, register
+from hopfield.experiments.registry import unregister
+from hopfield.experiments.runner import ConfigError, RunInterrupted, apply_overrides
+
+
+@dataclass
+class _Config:
+    seed: int = 0
+    steps: int = 4
+    rate: float = 0.5
+    names: tuple[str, ...] = ("a",)
+    label: str = "x"
+
+
+@dataclass
+class _Checked:
+    seed: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"size must be positive, got {self.size}")
+
+
+@pytest.fixture
+def registered() -> Iterator[Callable[[str, Callable[[Any, RunContext], Results]], None]]:
+    """Registers test experiments for one test (other tests see only the real ones)."""
+    names: list[str] = []
+
+    def add(name: str, run: Callable[[Any, RunContext], Results]) -> None:
+        register(Experiment(name, "test", {p: _Config() for p in ("tiny", "small", "paper")}, run))
+        names.append(name)
+
+    yield add
+    for name in names:
+        unregister(name)
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2) -> str:
+    """The one line ``main(argv)`` prints to stderr before it exits with ``status``."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == status
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hopfield") and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_user_errors_are_one_line_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = str(tmp_path / "absent")
+    demo = ["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path)]
+    cases = {
+        "unknown experiment 'nope'; known: ": ["run", "nope"],
+        "retrieval-demo has presets tiny, small, paper, not 'huge'": [*demo, "--preset", "huge"],
+        "unknown config field 'colour'; fields: betas,": [*demo, "--set", "colour=red"],
+        "num_memories=abc does not fit the field's type int": [*demo, "--set", "num_memories=abc"],
+        "betas=1,2 does not fit the field's type tuple[float, ...]": [*demo, "--set", "betas=1,2"],
+        "--set expects NAME=VALUE, got 'x'": [*demo, "--set", "x"],
+        "--max-steps: expected a positive integer, got '0'": [*demo, "--max-steps", "0"],
+        f"report: {absent} is not a directory": ["report", absent],
+        f"claims: {absent} is not a directory": ["claims", absent],
+        f"no results.json below {tmp_path}": ["report", str(tmp_path)],
+        "reproduce: unknown experiment 'nope'": ["reproduce", "--only", "retrieval-demo", "nope"],
+        "plan: unknown experiment 'nope'": ["plan", "nope"],
+        "invalid choice: 'frob'": ["frob"],
+    }
+    for expected, argv in cases.items():
+        assert expected in _fails(argv, capsys), argv
+    assert not (tmp_path / "retrieval-demo").exists()  # nothing ran
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text('{"a": 1}')
+    line = _fails(["report", str(tmp_path)], capsys)
+    assert "results.json is not a record of `hopfield run`" in line
+
+
+def _needs_data(config: _Config, ctx: RunContext) -> Results:
+    locate(DataFile("absent/file.bin", "", "https://example.org/file.bin"), ctx.data_dir)
+    raise AssertionError("unreachable")
+
+
+def test_a_missing_dataset_names_the_folder_and_how_to_set_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    registered: Any,
+) -> None:
+    registered("test-needs-data", _needs_data)
+    monkeypatch.delenv("HOPFIELD_DATA", raising=False)
+    run = ["run", "test-needs-data", "--out", str(tmp_path / "out"), "--no-progress"]
+    line = _fails([*run, "--data-dir", str(tmp_path / "data")], capsys)
+    assert f"not at {tmp_path / 'data' / 'absent/file.bin'}" in line
+    assert f"data folder {tmp_path / 'data'}, from --data-dir" in line
+    assert "$HOPFIELD_DATA=DIR" in line and "https://example.org/file.bin" in line
+    assert "$DATA" not in line
+    line = _fails(run, capsys)
+    assert "no data folder is set (neither --data-dir / data_dir=... nor $HOPFIELD_DATA)" in line
+    monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path / "env"))
+    assert f"data folder {tmp_path / 'env'}, from $HOPFIELD_DATA" in _fails(run, capsys)
+
+
+def _interrupted_once(config: _Config, ctx: RunContext) -> Results:
+    """Counts steps, checkpointing after each; Ctrl-C after the second step of the first run."""
+    state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
+    for step in range(state["done"], config.steps):
+        state = {"done": step + 1, "log": [*state["log"], step]}
+        ctx.save_json("checkpoint.json", state)
+        if step == 1 and not (ctx.out_dir / "interrupted").exists():
+            (ctx.out_dir / "interrupted").touch()
+            raise KeyboardInterrupt
+    return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
+
+
+def test_ctrl_c_says_where_the_run_stopped_and_the_same_command_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], registered: Any
+) -> None:
+    registered("test-ctrl-c", _interrupted_once)
+    command = ["run", "test-ctrl-c", "--out", str(tmp_path), "--no-progress"]
+    line = _fails(command, capsys, status=130)
+    assert line == (
+        f"hopfield run: interrupted; the run so far is in {tmp_path / 'test-ctrl-c'}, and the "
+        "same command resumes it"
+    )
+    assert main(command) == 0
+    record = json.loads((tmp_path / "test-ctrl-c" / "results.json").read_text())
+    assert record["results"]["tables"][0]["rows"] == [[0], [1], [2], [3]]
+    # reproduce names the folder of the experiment it was running
+    (tmp_path / "test-ctrl-c" / "interrupted").unlink()
+    (tmp_path / "test-ctrl-c" / "checkpoint.json").unlink()
+    command = ["reproduce", "--out", str(tmp_path), "--no-progress", "--only", "test-ctrl-c"]
+    assert f"the run so far is in {tmp_path / 'test-ctrl-c'}," in _fails(command, capsys, 130)
+
+
+def test_the_run_function_interrupted_raises_run_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C inside a real experiment's run (monkeypatched) reaches the caller as a
+    KeyboardInterrupt that knows the output folder, and the command line as one line."""
+    from hopfield.experiments import registry, run_experiment
+
+    def stopped(config: Any, ctx: RunContext) -> Results:
+        raise KeyboardInterrupt
+
+    demo = replace(get("retrieval-demo"), run=stopped)
+    monkeypatch.setitem(registry._REGISTRY, "retrieval-demo", demo)
+    with pytest.raises(RunInterrupted) as stop:
+        run_experiment("retrieval-demo", "tiny", tmp_path, progress=False)
+    assert isinstance(stop.value, KeyboardInterrupt)
+    assert stop.value.out_dir == tmp_path / "retrieval-demo"
+    command = ["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path)]
+    assert "interrupted; the run so far is in" in _fails(command, capsys, 130)
+
+
+def _buggy(config: _Config, ctx: RunContext) -> Results:
+    raise ValueError("a bug inside the experiment")
+
+
+def test_real_bugs_keep_their_traceback(tmp_path: Path, registered: Any) -> None:
+    registered("test-buggy", _buggy)
+    with pytest.raises(ValueError, match="a bug inside the experiment"):
+        main(["run", "test-buggy", "--out", str(tmp_path), "--no-progress"])
+
+
+def test_overrides_are_parsed_as_json_and_must_fit_the_field() -> None:
+    config = apply_overrides(
+        _Config(), {"steps": "7", "rate": "1", "names": '["b", "c"]', "label": "2024"}
+    )
+    assert config == _Config(steps=7, rate=1.0, names=("b", "c"), label="2024")
+    assert isinstance(config.rate, float)
+    for bad in ({"steps": "1.5"}, {"steps": "true"}, {"names": '"b"'}, {"rate": '"fast"'}):
+        with pytest.raises(ConfigError, match="does not fit the field's type"):
+            apply_overrides(_Config(), bad)
+    with pytest.raises(ConfigError, match="size must be positive, got 0"):
+        apply_overrides(_Checked(), {"size": "0"})
+
+
+SLEEPER = """
+import sys, time
+from dataclasses import dataclass, replace
+from hopfield.cli import main
+from hopfield.experiments import Experiment, Results, register
+
+@dataclass
+class Config:
+    seed: int = 0
+
+def run(config, ctx):
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "started").touch()
+    time.sleep(120)
+    return Results()
+
+register(Experiment("test-sleeper", "test", {p: Config() for p in ("tiny", "small", "paper")}, run))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+def test_sigint_stops_a_real_process_with_one_line_and_status_130(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(textwrap.dedent(SLEEPER))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        [sys.executable, str(script), "run", "test-sleeper", "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "test-sleeper" / "started").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never started its run"
+            time.sleep(0.1)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130
+    assert err == (
+        f"hopfield run: interrupted; the run so far is in {out / 'test-sleeper'}, and the same "
+        "command resumes it\n"
+    )
