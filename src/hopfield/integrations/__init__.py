@@ -2,7 +2,10 @@
 
 Importing this package registers the attention functions (``softmax``, ``softmax1``, ``clipped``,
 ``clipped_softmax1``, ``gated``, ``gated_softmax1``, ``gated_clipped``, ``gated_clipped_softmax1``)
-with ``transformers.AttentionInterface``. See ``docs/outliers.md``.
+with ``transformers.AttentionInterface``, and the hopfield model types (``hopfield_bert``,
+``hopfield_opt``, ``hopfield_vit``: :mod:`hopfield.integrations.auto`) with ``AutoConfig`` and the
+``AutoModel*`` classes, so that ``AutoModel*.from_pretrained`` restores a saved model's attention
+variant, clipping parameters and gates. See ``docs/outliers.md``.
 """
 
 from hopfield.integrations.attention import (
@@ -13,6 +16,14 @@ from hopfield.integrations.attention import (
     configure_attention,
     register_attention_functions,
 )
+from hopfield.integrations.auto import (
+    CONFIG_CLASSES,
+    MODEL_CLASSES,
+    HopfieldBertConfig,
+    HopfieldOPTConfig,
+    HopfieldViTConfig,
+    register_auto_classes,
+)
 from hopfield.integrations.gates import ATTENTION_CLASSES, add_gates, attention_modules
 from hopfield.integrations.models import (
     FAMILIES,
@@ -22,13 +33,19 @@ from hopfield.integrations.models import (
 )
 
 register_attention_functions()
+register_auto_classes()
 
 __all__ = [
     "ATTENTION_CLASSES",
+    "CONFIG_CLASSES",
     "FAMILIES",
+    "MODEL_CLASSES",
     "VARIANTS",
     "AttentionProbe",
     "AttentionVariant",
+    "HopfieldBertConfig",
+    "HopfieldOPTConfig",
+    "HopfieldViTConfig",
     "add_gates",
     "attention_forward",
     "attention_modules",
@@ -37,4 +54,5 @@ __all__ = [
     "load_model",
     "paper_parameter_count",
     "register_attention_functions",
+    "register_auto_classes",
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "AttentionProbe",
     "AttentionVariant",
     "attention_forward",
+    "check_settings",
     "configure_attention",
     "register_attention_functions",
 ]
@@ -118,7 +119,10 @@ def configure_attention(
     """Select ``variant`` on a ``transformers`` config and store its parameters.
 
     Sets ``config._attn_implementation = variant`` and ``config.hopfield_attention`` (a dict that
-    ``save_pretrained`` writes into ``config.json``).
+    ``save_pretrained`` writes into ``config.json``). On a hopfield config
+    (:mod:`hopfield.integrations.auto`, as :func:`build_model` uses) the saved model loads back with
+    its variant and gates through ``transformers``' Auto classes; a stock config keeps the dict but
+    ``transformers`` loads the model back as the stock model.
 
     Args:
         config: a ``transformers.PretrainedConfig``.
@@ -150,6 +154,30 @@ def configure_attention(
         raise ValueError(f"gate_hidden/pi_init apply to gated variants only, not {variant!r}")
     setattr(config, CONFIG_KEY, settings)
     config._attn_implementation = variant
+
+
+def check_settings(settings: Any) -> None:
+    """Check a ``config.hopfield_attention`` value (e.g. read back from ``config.json``).
+
+    Raises:
+        ValueError: not a dict with a known ``variant``, or a clipped variant without ``gamma`` and
+            ``zeta``.
+    """
+    if not isinstance(settings, dict) or "variant" not in settings:
+        raise ValueError(
+            f"config.{CONFIG_KEY} must be a dict with a 'variant' (see configure_attention), "
+            f"got {settings!r}"
+        )
+    if settings["variant"] not in VARIANTS:
+        raise ValueError(
+            f"config.{CONFIG_KEY}: variant must be one of {sorted(VARIANTS)}, "
+            f"got {settings['variant']!r}"
+        )
+    if VARIANTS[settings["variant"]].clipped and not {"gamma", "zeta"} <= settings.keys():
+        raise ValueError(
+            f"config.{CONFIG_KEY}: variant {settings['variant']!r} needs gamma and zeta, "
+            f"got {settings!r}"
+        )
 
 
 def _separation(spec: AttentionVariant, module: nn.Module) -> Separation:

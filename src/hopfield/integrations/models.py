@@ -25,7 +25,6 @@ from typing import Any
 from torch import nn
 
 from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, configure_attention
-from hopfield.integrations.gates import add_gates
 
 __all__ = ["FAMILIES", "Family", "build_model", "load_model", "paper_parameter_count"]
 
@@ -100,12 +99,18 @@ def _family(name: str) -> Family:
     return FAMILIES[name]
 
 
-def _classes(family: Family) -> tuple[Any, Any]:
+def _classes(family: Family, hopfield: bool) -> tuple[Any, Any]:
+    """The config and model class: the hopfield ones (saved models load back through
+    ``transformers``' Auto classes, see :mod:`hopfield.integrations.auto`) or the stock ones."""
     import transformers
 
     from hopfield.integrations.attention import register_attention_functions
+    from hopfield.integrations.auto import CONFIG_CLASSES, MODEL_CLASSES, register_auto_classes
 
     register_attention_functions()
+    register_auto_classes()
+    if hopfield:
+        return CONFIG_CLASSES[family.name], MODEL_CLASSES[family.model_class]
     return getattr(transformers, family.config_class), getattr(transformers, family.model_class)
 
 
@@ -134,10 +139,14 @@ def build_model(
         **config: overrides of the family's ``transformers`` config (e.g. ``num_hidden_layers=2``).
 
     Returns:
-        The model (in training mode, float32, on CPU).
+        The model (in training mode, float32, on CPU): for a hopfield variant an instance of the
+        hopfield subclass of the family's class (``HopfieldBertForMaskedLM``,
+        ``HopfieldOPTForCausalLM``, ``HopfieldViTForImageClassification``, see
+        :mod:`hopfield.integrations.auto`), whose ``save_pretrained`` checkpoints load back
+        exactly with ``transformers``' Auto classes; for ``"sdpa"``/``"eager"`` the stock class.
     """
     fam = _family(family)
-    config_class, model_class = _classes(fam)
+    config_class, model_class = _classes(fam, hopfield=variant in VARIANTS)
     cfg = config_class(**{**fam.defaults, **config})
     if variant in VARIANTS:
         spec = VARIANTS[variant]
@@ -163,59 +172,76 @@ def build_model(
         if any(x is not None for x in (gamma, zeta, alpha, gate_hidden, pi_init)):
             raise ValueError(f"clipping/gate options need a hopfield variant, not {variant!r}")
         cfg._attn_implementation = variant
-    model = model_class(cfg)
-    _finish(model)
-    return model
-
-
-def _finish(model: nn.Module) -> None:
-    """Add the gates that the config's variant asks for."""
-    settings = getattr(model.config, CONFIG_KEY, None)
-    if isinstance(settings, dict) and VARIANTS[settings["variant"]].gated:
-        add_gates(model, hidden=settings.get("gate_hidden"), pi_init=settings.get("pi_init"))
+    return model_class(cfg)
 
 
 def load_model(path: str | Path, **kwargs: Any) -> nn.Module:
-    """Load a model saved with ``save_pretrained`` keeping its attention variant and gates.
+    """Load a model saved with ``save_pretrained``, whatever its Auto class.
 
-    ``transformers`` does not save ``attn_implementation``; the variant is read back from
-    ``config.hopfield_attention``. The model is loaded with ``from_pretrained`` (``kwargs`` are
-    passed on), the gates are added and their weights loaded from the checkpoint.
+    A convenience: checkpoints of hopfield models (``model_type`` ``"hopfield_bert"``,
+    ``"hopfield_opt"``, ``"hopfield_vit"``) load as well with the matching
+    ``transformers.AutoModel*.from_pretrained`` once :mod:`hopfield.integrations` is imported.
+    ``load_model`` picks the class named in ``config.json`` (``architectures``) and passes
+    ``kwargs`` on to its ``from_pretrained``. A stock BERT/OPT/ViT checkpoint loads as the stock
+    class.
+
+    Checkpoints saved before the hopfield model types existed (``model_type`` ``"bert"``/``"opt"``/
+    ``"vit"`` with ``hopfield_attention`` in ``config.json``) are still read, into the hopfield
+    class of their architecture (variant, clipping parameters and gate weights), with a warning:
+    ``transformers``' own loaders would give them back as the stock model without the variant and
+    gates; saving the loaded model again writes a checkpoint that they restore.
     """
+    import warnings
+
     import transformers
-    from safetensors.torch import load_file
 
     from hopfield.integrations.attention import register_attention_functions
+    from hopfield.integrations.auto import (
+        CONFIG_CLASSES,
+        MODEL_CLASSES,
+        family_of,
+        register_auto_classes,
+    )
 
     register_attention_functions()
-    path = Path(path)
+    register_auto_classes()
     config = transformers.AutoConfig.from_pretrained(path)
-    family = _family(config.model_type)
-    settings = getattr(config, CONFIG_KEY, None)
-    if isinstance(settings, dict):
-        kwargs.setdefault("attn_implementation", settings["variant"])
-    model_class = getattr(transformers, family.model_class)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the gate weights are "unexpected" to the class
-    try:
-        model = model_class.from_pretrained(path, **kwargs)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    _finish(model)
-    gate_state = {}
-    for file in sorted(path.glob("*.safetensors")):
-        gate_state.update({k: v for k, v in load_file(str(file)).items() if ".gate." in k})
-    if gate_state:
-        missing = [k for k in model.state_dict() if ".gate." in k and k not in gate_state]
-        if missing:
-            raise ValueError(f"path: checkpoint lacks gate weights {missing[:3]}...")
-        model.load_state_dict(gate_state, strict=False)
-    return model
+    name = family_of(config)
+    if name is None:
+        raise ValueError(
+            f"path: {path} holds a {config.model_type!r} model; load_model reads "
+            f"{sorted(FAMILIES)} and their hopfield model types"
+        )
+    architectures = getattr(config, "architectures", None) or [_family(name).model_class]
+    stock = architectures[0].removeprefix("Hopfield")
+    settings: Any = getattr(config, CONFIG_KEY, None)
+    legacy = config.model_type == name and isinstance(settings, dict)
+    if legacy:
+        hopfield_type = CONFIG_CLASSES[name].model_type
+        warnings.warn(
+            f"{path}: checkpoint saved before the hopfield model types (model_type "
+            f"{name!r}); loaded as {hopfield_type!r} with its attention {settings['variant']!r}. "
+            "transformers' own loaders would drop the variant and gates: save the loaded model "
+            "again (save_pretrained) to get a checkpoint they restore",
+            UserWarning,
+            stacklevel=2,
+        )
+        values = {k: v for k, v in config.to_dict().items() if k != "model_type"}
+        kwargs.setdefault("config", CONFIG_CLASSES[name].from_dict(values))
+    if config.model_type == name and not legacy:
+        model_class = getattr(transformers, stock)
+    elif stock in MODEL_CLASSES:
+        model_class = MODEL_CLASSES[stock]
+    else:
+        raise ValueError(f"path: no hopfield class for the architecture {architectures[0]!r}")
+    return model_class.from_pretrained(path, **kwargs)
 
 
 def paper_parameter_count(model: nn.Module) -> int:
     """Parameters as the paper counts them (BERT: encoder and embeddings, without the MLM head
     and pooler; OPT and ViT: the whole model, tied embeddings counted once)."""
-    family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", ""))
+    from hopfield.integrations.auto import family_of
+
+    family = FAMILIES.get(family_of(getattr(model, "config", None)) or "")
     counted = getattr(model, family.counted) if family and family.counted else model
     return sum(p.numel() for p in counted.parameters())

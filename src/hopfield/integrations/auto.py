@@ -1,0 +1,198 @@
+"""Hopfield model types for ``transformers``' Auto classes: checkpoints that load back exactly.
+
+``transformers`` does not save ``attn_implementation`` and builds a checkpoint's modules from its
+``config.json`` alone, so a stock ``OPTForCausalLM`` with a Softmax_1 variant and gates comes back
+from ``AutoModelForCausalLM.from_pretrained`` as plain SDPA attention without gates. This module
+follows the documented way of adding models to the Auto classes (``AutoConfig.register``,
+``AutoModel*.register``):
+
+* a config class per family (:class:`HopfieldBertConfig`, :class:`HopfieldOPTConfig`,
+  :class:`HopfieldViTConfig`): the stock config with its own ``model_type`` (``"hopfield_bert"``,
+  ``"hopfield_opt"``, ``"hopfield_vit"``) and the field ``hopfield_attention`` (variant, clipping
+  parameters, gate design). Built or loaded, the config selects its variant as attention
+  implementation unless one is asked for explicitly (``attn_implementation=...`` wins);
+* a model class per stock model class (``HopfieldBertForMaskedLM``, ``HopfieldOPTForCausalLM``,
+  ``HopfieldViTForImageClassification``, the base models and the other heads, see
+  :data:`AUTO_CLASSES`): the stock class plus the gates that the config's variant asks for, added in
+  ``__init__`` so that ``from_pretrained`` finds them before it loads the weights.
+
+:func:`register_auto_classes` (run when :mod:`hopfield.integrations` is imported) registers the
+configs with ``AutoConfig`` and the models with their Auto classes. A saved model's ``config.json``
+names the hopfield model type, so after ``import hopfield.integrations`` every
+``AutoModel*.from_pretrained`` rebuilds the same modules, attention function,
+clipping parameters and gate weights. Without the import, ``transformers`` refuses the unknown
+model type instead of silently building another model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+from transformers import BertConfig, OPTConfig, ViTConfig
+
+from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, check_settings
+from hopfield.integrations.gates import add_gates
+from hopfield.nn.gates import GatedAttention
+
+__all__ = [
+    "AUTO_CLASSES",
+    "CONFIG_CLASSES",
+    "MODEL_CLASSES",
+    "HopfieldBertConfig",
+    "HopfieldOPTConfig",
+    "HopfieldViTConfig",
+    "family_of",
+    "register_auto_classes",
+]
+
+
+class _HopfieldConfig:
+    """Shared part of the hopfield configs: checks ``hopfield_attention`` and selects its variant."""
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        config: Any = self
+        super().__post_init__(**kwargs)  # type: ignore[misc]
+        settings = config.hopfield_attention
+        if settings is not None:
+            check_settings(settings)
+            if config._attn_implementation is None:  # an explicit attn_implementation wins
+                config._attn_implementation = settings["variant"]
+
+
+class HopfieldBertConfig(_HopfieldConfig, BertConfig):
+    """``BertConfig`` with ``hopfield_attention`` (see :func:`configure_attention`)."""
+
+    model_type = "hopfield_bert"
+    hopfield_attention: dict[str, Any] | None = None
+
+
+class HopfieldOPTConfig(_HopfieldConfig, OPTConfig):
+    """``OPTConfig`` with ``hopfield_attention`` (see :func:`configure_attention`)."""
+
+    model_type = "hopfield_opt"
+    hopfield_attention: dict[str, Any] | None = None
+
+
+class HopfieldViTConfig(_HopfieldConfig, ViTConfig):
+    """``ViTConfig`` with ``hopfield_attention`` (see :func:`configure_attention`)."""
+
+    model_type = "hopfield_vit"
+    hopfield_attention: dict[str, Any] | None = None
+
+
+#: The hopfield config class of each family.
+CONFIG_CLASSES: dict[str, Any] = {
+    "bert": HopfieldBertConfig,
+    "opt": HopfieldOPTConfig,
+    "vit": HopfieldViTConfig,
+}
+
+#: Per family, the Auto classes (by name) and the stock model class each one builds for the family
+#: in ``transformers``; each gets a hopfield subclass registered for the family's hopfield config.
+AUTO_CLASSES: dict[str, dict[str, str]] = {
+    "bert": {
+        "AutoModel": "BertModel",
+        "AutoModelForTextEncoding": "BertModel",
+        "AutoModelForPreTraining": "BertForPreTraining",
+        "AutoModelForMaskedLM": "BertForMaskedLM",
+        "AutoModelForCausalLM": "BertLMHeadModel",
+        "AutoModelForNextSentencePrediction": "BertForNextSentencePrediction",
+        "AutoModelForSequenceClassification": "BertForSequenceClassification",
+        "AutoModelForMultipleChoice": "BertForMultipleChoice",
+        "AutoModelForTokenClassification": "BertForTokenClassification",
+        "AutoModelForQuestionAnswering": "BertForQuestionAnswering",
+    },
+    "opt": {
+        "AutoModel": "OPTModel",
+        "AutoModelForCausalLM": "OPTForCausalLM",
+        "AutoModelForSequenceClassification": "OPTForSequenceClassification",
+        "AutoModelForQuestionAnswering": "OPTForQuestionAnswering",
+    },
+    "vit": {
+        "AutoModel": "ViTModel",
+        "AutoModelForImageClassification": "ViTForImageClassification",
+        "AutoModelForMaskedImageModeling": "ViTForMaskedImageModeling",
+    },
+}
+
+
+class _HopfieldModel:
+    """Shared part of the hopfield model classes: the gates of a gated variant.
+
+    The gates are added at the end of ``__init__`` (after the stock model's own initialisation,
+    so a model built from a config draws the same random numbers as the stock model followed by
+    :func:`add_gates`). When ``from_pretrained`` finds no gate weights in a checkpoint (a stock
+    checkpoint loaded with a gated config), the gates get their own initialisation
+    (``pi_init``), not the stock model's.
+    """
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
+        settings = getattr(config, CONFIG_KEY, None)
+        if settings is not None and VARIANTS[settings["variant"]].gated:
+            add_gates(
+                self,  # type: ignore[arg-type]
+                hidden=settings.get("gate_hidden"),
+                pi_init=settings.get("pi_init"),
+            )
+
+    def initialize_weights(self) -> None:
+        model: Any = self
+        gates: list[Any] = [m for m in model.modules() if isinstance(m, GatedAttention)]
+        with torch.no_grad():
+            for gate in gates:
+                if getattr(gate, "_is_hf_initialized", False):
+                    continue
+                if not all(getattr(p, "_is_hf_initialized", False) for p in gate.parameters()):
+                    gate.reset_parameters()  # not loaded from the checkpoint
+                gate._is_hf_initialized = True  # the stock model's initialisation skips it
+        super().initialize_weights()  # type: ignore[misc]
+
+
+def _model_class(stock: str, config_class: Any) -> Any:
+    name = f"Hopfield{stock}"
+    cls = type(
+        name,
+        (_HopfieldModel, getattr(transformers, stock)),
+        {
+            "config_class": config_class,
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"``transformers.{stock}`` with the attention variant and gates of "
+            f"``config.{CONFIG_KEY}`` (config class :class:`{config_class.__name__}`).",
+        },
+    )
+    globals()[name] = cls  # importable by name (pickle, ``architectures`` in config.json)
+    return cls
+
+
+#: The hopfield model class of each stock model class name (``"BertForMaskedLM"`` →
+#: ``HopfieldBertForMaskedLM``), for the families of :data:`AUTO_CLASSES`.
+MODEL_CLASSES: dict[str, Any] = {
+    stock: _model_class(stock, CONFIG_CLASSES[family])
+    for family, autos in AUTO_CLASSES.items()
+    for stock in dict.fromkeys(autos.values())
+}
+__all__ += sorted(cls.__name__ for cls in MODEL_CLASSES.values())
+
+_FAMILY_OF_MODEL_TYPE = {cls.model_type: family for family, cls in CONFIG_CLASSES.items()}
+
+
+def family_of(config: Any) -> str | None:
+    """The family (``"bert"``, ``"opt"``, ``"vit"``) of a stock or hopfield config, else ``None``."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in CONFIG_CLASSES:
+        return str(model_type)
+    return _FAMILY_OF_MODEL_TYPE.get(str(model_type))
+
+
+def register_auto_classes() -> None:
+    """Register the hopfield configs with ``AutoConfig`` and the models with their Auto classes
+    (:data:`AUTO_CLASSES`); idempotent."""
+    for family, autos in AUTO_CLASSES.items():
+        config_class: Any = CONFIG_CLASSES[family]
+        transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        for auto, stock in autos.items():
+            getattr(transformers, auto).register(config_class, MODEL_CLASSES[stock], exist_ok=True)
