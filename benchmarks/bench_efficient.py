@@ -8,6 +8,12 @@ wall time, leaves out waiting for a core on a shared machine).
 Run:
 
     python benchmarks/bench_efficient.py [--quick] [--threads N] [--json out.json]
+    python benchmarks/bench_efficient.py --sparse-memory [--lengths 4096 16384] [--heads 1 8]
+
+``--sparse-memory`` measures instead the peak resident-memory growth of sparsemax (the blockwise
+path) and Top-K(64) attention, forward and forward+backward, at ``L = S`` with ``E = 64``, each
+case in a fresh subprocess (``ru_maxrss`` after the call minus the resident size before it;
+the inputs are excluded, their gradients included).
 
 Targets (issue #3, reported, not asserted): fitted slope <= 1.1 for Linear, random features and
 the fixed-w window; >= 10x faster than dense at the largest size; dense and Top-K slope ~ 2.
@@ -19,6 +25,8 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
+import sys
 
 import torch
 
@@ -89,6 +97,66 @@ def targets(results: dict[str, float], sizes: list[int]) -> list[tuple[str, bool
     return checks
 
 
+_MEMORY_CASE = """
+import json, resource, sys, time
+import torch
+from hopfield.functional import Sparsemax, Softmax, TopK, associate
+
+name, length, heads, dim, backward, threads = sys.argv[1:7]
+length, heads, dim, threads = int(length), int(heads), int(dim), int(threads)
+backward = backward == "1"
+torch.set_num_threads(threads)
+page = resource.getpagesize()
+gen = torch.Generator().manual_seed(0)
+q, k, v = (
+    torch.randn(1, heads, length, dim, generator=gen).requires_grad_(backward) for _ in range(3)
+)
+if name == "sparsemax":
+    kwargs = {"separation": Sparsemax()}
+else:
+    kwargs = {"separation": Softmax(), "structure": TopK(64)}
+with open("/proc/self/statm") as handle:
+    before = int(handle.read().split()[1]) * page
+start_cpu, start_wall = time.process_time(), time.perf_counter()
+with torch.set_grad_enabled(backward):
+    out = associate(q, k, v, **kwargs)
+    if backward:
+        out.sum().backward()
+cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start_wall
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"growth_mib": max(0, peak - before) / 2**20, "cpu_s": cpu, "wall_s": wall}))
+"""
+
+
+def sparse_memory(
+    lengths: list[int], heads: list[int], dim: int, threads: int
+) -> list[dict[str, float | int | str | bool]]:
+    """Peak RSS growth of sparsemax and Top-K(64) attention, one subprocess per case."""
+    rows: list[dict[str, float | int | str | bool]] = []
+    for length in lengths:
+        for count in heads:
+            for name in ("sparsemax", "topk64"):
+                for backward in (False, True):
+                    args = [name, length, count, dim, int(backward), threads]
+                    done = subprocess.run(
+                        [sys.executable, "-c", _MEMORY_CASE, *map(str, args)],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    row = json.loads(done.stdout.strip().splitlines()[-1])
+                    row.update(model=name, length=length, heads=count, dim=dim, backward=backward)
+                    rows.append(row)
+                    print(
+                        f"{name:10s} L=S={length:6d} B1 H{count} E{dim} "
+                        f"{'fwd+bwd' if backward else 'fwd    '} "
+                        f"peak RSS growth {row['growth_mib']:8.1f} MiB   "
+                        f"CPU {row['cpu_s']:8.1f} s   wall {row['wall_s']:8.1f} s",
+                        flush=True,
+                    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes 512..4096, one repeat")
@@ -96,7 +164,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--max-seconds", type=float, default=5.0, help="time cap per pass")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--sparse-memory", action="store_true", help="peak memory of blockwise sparse attention"
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--heads", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
+    if args.sparse_memory:
+        rows = sparse_memory(args.lengths, args.heads, 64, args.threads)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(rows, handle, indent=2)
+        return
     sizes = [512, 1024, 2048, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
     results = run(sizes, args.dim, 1 if args.quick else 3, args.threads, args.max_seconds)
     header = f"{'model':12s} " + " ".join(f"{'L=' + str(n):>10s}" for n in sizes)

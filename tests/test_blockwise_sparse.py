@@ -175,7 +175,7 @@ def test_dense_dispatch(monkeypatch) -> None:
     associate(q, k, v, separation=Sparsemax(), structure=large, mask=bias)
     assert calls == [2.0, 1.5]
     assert weights is not None
-    assert Dense().blockwise_from == 1 << 22
+    assert Dense().blockwise_from == 1 << 18
     with pytest.raises(ValueError):
         Dense(blockwise_from=-1)
 

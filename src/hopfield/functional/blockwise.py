@@ -89,11 +89,18 @@ class _Tiles:
             z = torch.matmul(self.q, self.k[:, :, lo:hi].transpose(-1, -2))
             bias = _cols(self.bias, lo, hi)
             if bias is not None:
-                z = z + bias
+                z.add_(bias)
             if self.causal:
                 cols = torch.arange(lo, hi, device=z.device).view(1, hi - lo)
-                z = z.masked_fill(cols > self.query + self.offset, -math.inf)
+                z.masked_fill_(cols > self.query + self.offset, -math.inf)
             yield lo, hi, z
+
+
+def _gap(z: Tensor, coef: float, m: Tensor, tau: Tensor) -> Tensor:
+    """``[(α - 1) z - m - τ]_+``, computed in place on the fresh score tile ``z``."""
+    if coef != 1.0:
+        z.mul_(coef)
+    return z.sub_(m).sub_(tau).clamp_min_(0)
 
 
 def _query_rows(batch_heads: int, length: int, key_block: int, max_tile_elements: int) -> int:
@@ -132,17 +139,25 @@ def _solve_block(
         out = tiles.q.new_zeros(*shape[:-1], ev)
         mean = tiles.q.new_zeros(*shape[:-1], ev) if need_mean else None
         for lo, hi, z in tiles:
-            gap = (z * coef - m - tau).clamp_min(0) if not sparsemax else (z - m - tau).clamp_min(0)
+            gap = _gap(z, coef, m, tau)
             inside = gap > 0
-            s = inside.to(gap.dtype) if sparsemax else gap ** (power - 1)
-            w = gap if sparsemax else s * gap
-            g0 += w.sum(dim=-1, keepdim=True)
-            g1 += s.sum(dim=-1, keepdim=True)
             count += inside.sum(dim=-1, keepdim=True)
             v_block = v[:, :, lo:hi]
+            if sparsemax:
+                if mean is not None:
+                    mean += torch.matmul(inside.to(gap.dtype), v_block)
+                w = gap
+            else:
+                s = gap.pow(power - 1)
+                g1 += s.sum(dim=-1, keepdim=True)
+                if mean is not None:
+                    mean += torch.matmul(s, v_block)
+                w = gap.mul_(s)
+                del s
+            g0 += w.sum(dim=-1, keepdim=True)
             out += torch.matmul(w, v_block)
-            if mean is not None:
-                mean += torch.matmul(s, v_block)
+        if sparsemax:
+            g1 = count
         stable = count == previous if previous is not None else torch.zeros_like(done)
         if sparsemax:
             converged = stable
@@ -241,20 +256,17 @@ class _BlockwiseEntmax(torch.autograd.Function):
             s_scale = norm ** (alpha - 2.0)
             dq_block = torch.zeros_like(q_block)
             for lo, hi, z in tiles:
-                gap = (
-                    (z * coef - m - tau).clamp_min(0)
-                    if not sparsemax
-                    else (z - m - tau).clamp_min(0)
-                )
-                if sparsemax:
-                    p = gap
-                    s = (gap > 0).to(gap.dtype)
-                else:
-                    s = gap ** (power - 1)
-                    p = s * gap / norm
-                    s = s * s_scale
+                gap = _gap(z, coef, m, tau)
                 v_block = v[:, :, lo:hi]
-                dz = s * (torch.matmul(g, v_block.transpose(-1, -2)) - centre)
+                dz = torch.matmul(g, v_block.transpose(-1, -2)).sub_(centre)
+                if sparsemax:
+                    dz.mul_(gap > 0)
+                    p = gap
+                else:
+                    s = gap.pow(power - 1)
+                    dz.mul_(s).mul_(s_scale)
+                    p = gap.mul_(s).div_(norm)
+                    del s
                 dq_block += torch.matmul(dz, k[:, :, lo:hi])
                 dk[:, :, lo:hi] += torch.matmul(dz.transpose(-1, -2), q_block)
                 dv[:, :, lo:hi] += torch.matmul(p.transpose(-1, -2), g)

@@ -135,7 +135,7 @@ class Dense(Structure):
     def __init__(
         self,
         *,
-        blockwise_from: int | None = 1 << 22,
+        blockwise_from: int | None = 1 << 18,
         key_block: int = 512,
         max_tile_elements: int = 1 << 21,
     ) -> None:
