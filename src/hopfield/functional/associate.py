@@ -7,8 +7,15 @@ import math
 import torch
 from torch import Tensor
 
+from hopfield._validation import check_bool, check_real
 from hopfield.functional.separation import Separation, Softmax
-from hopfield.functional.structures import Dense, Scale, Structure
+from hopfield.functional.structures import (
+    Dense,
+    Scale,
+    Structure,
+    explicit_association,
+    with_causal,
+)
 
 _DEFAULT_SEPARATION = Softmax()
 _DEFAULT_STRUCTURE = Dense()
@@ -42,14 +49,15 @@ def _check_patterns(q: Tensor, k: Tensor, v: Tensor) -> None:
 def normalize_scale(scale: float | Tensor | None, q: Tensor) -> Scale:
     """``scale`` as a float or a tensor broadcastable to ``(B, H, L, S)``; ``None`` is ``1/sqrt(E)``.
 
-    A 1-D tensor of length ``H`` is read as one scale per head.
+    A 1-D tensor of length ``H`` is read as one scale per head. A number must be finite and
+    positive; a tensor is data (it may be learned) and is not inspected.
     """
     if scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
     if isinstance(scale, bool):
         raise TypeError("scale must be a float or a Tensor, got bool")
     if isinstance(scale, int | float):
-        return float(scale)
+        return check_real("scale", scale, low=0.0, low_open=True)
     if not isinstance(scale, Tensor):
         raise TypeError(f"scale must be a float or a Tensor, got {type(scale).__name__}")
     heads = q.shape[1]
@@ -111,11 +119,12 @@ def associate(
         v: pattern projections (values) ``(B, H, S, Ev)``.
         separation: the map from scores to weights (default :class:`Softmax`).
         structure: which memories take part (default :class:`Dense`: all of them).
-        scale: the inverse temperature beta: a float, a per-head tensor ``(H,)``, or a tensor
-            broadcastable to ``(B, H, L, 1)`` (may require grad); default ``1/sqrt(E)``.
+        scale: the inverse temperature beta: a finite positive float, a per-head tensor
+            ``(H,)``, or a tensor broadcastable to ``(B, H, L, 1)`` (may require grad); default
+            ``1/sqrt(E)``.
         mask: boolean (``True`` = may take part) or additive float, broadcastable to
             ``(B, H, L, S)`` as in :func:`torch.nn.functional.scaled_dot_product_attention`.
-        causal: query ``i`` sees only keys ``j <= i + S - L``.
+        causal: query ``i`` sees only keys ``j <= i + S - L`` (a bool).
         dropout: dropout probability on the weights, applied when ``training``.
         training: whether dropout is active.
         return_weights: also return the weights ``(B, H, L, S)`` (forces the explicit path for
@@ -123,7 +132,9 @@ def associate(
 
     Returns:
         The retrieved patterns ``(B, H, L, Ev)``, or ``(retrieved, weights)`` when
-        ``return_weights``.
+        ``return_weights``. Without memories (``S = 0``) the retrieved patterns are zeros. NaN
+        in the patterns propagates as in torch (the fused softmax paths as
+        :func:`~torch.nn.functional.scaled_dot_product_attention`).
     """
     _check_patterns(q, k, v)
     separation = _DEFAULT_SEPARATION if separation is None else separation
@@ -132,17 +143,29 @@ def associate(
         raise TypeError(f"separation must be a Separation, got {type(separation).__name__}")
     if not isinstance(structure, Structure):
         raise TypeError(f"structure must be a Structure, got {type(structure).__name__}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+    dropout = check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
+    causal = check_bool("causal", causal)
+    dropout = dropout if check_bool("training", training) else 0.0
+    return_weights = check_bool("return_weights", return_weights)
+    scale, mask = normalize_scale(scale, q), normalize_mask(mask, q, k)
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        # No queries or no memories: the explicit path gives torch's answer (empty weights, zero
+        # outputs, finite gradients) for every structure; fused kernels fail on empty sequences.
+        if causal:
+            mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        out, weights = explicit_association(
+            q, k, v, separation=separation, scale=scale, mask=mask, dropout=dropout
+        )
+        return (out, weights) if return_weights else out
     out, weights = structure(
         q,
         k,
         v,
         separation=separation,
-        scale=normalize_scale(scale, q),
-        mask=normalize_mask(mask, q, k),
-        causal=bool(causal),
-        dropout=dropout if training else 0.0,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        dropout=dropout,
         return_weights=return_weights,
     )
     return (out, weights) if return_weights else out

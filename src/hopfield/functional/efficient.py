@@ -321,6 +321,7 @@ class TopK(_GatheredStructure):
     ``K = k``, or ``K = max(1, int(fraction · valid keys))`` per query, where the valid keys are
     those the mask (and the causal rule) allow. Exactly ``K`` keys are kept (ties at the K-th
     score are broken by index order of :func:`torch.topk`); every other key has weight exactly 0.
+    A ``k`` above the number of valid keys (e.g. ``k > S``) keeps them all: the dense association.
     Any separation works over the kept scores (softmax, sparsemax, entmax, ...).
 
     Scores are computed in chunks of ``chunk_size`` keys with a running top-K, and queries in
@@ -514,7 +515,7 @@ class RandomMask(_GatheredStructure):
       memory (the plain dense association).
 
     Args:
-        k: number of memories per query.
+        k: number of memories per query; a query that may see fewer (e.g. ``k > S``) sees them all.
         fraction: alternatively, the fraction of valid memories kept, in ``(0, 1]``.
         seed: seed of the private generator.
         generator: an explicit :class:`torch.Generator` (takes precedence over ``seed`` in training).

@@ -2,7 +2,9 @@
 
 Each map is a :class:`torch.nn.Module` applied over the last dimension of a score tensor
 ``(..., S)``; masked entries are ``-inf``. A fully masked row (all ``-inf``) gives all zeros with
-finite gradients. Half-precision scores are computed in float32 and cast back.
+finite gradients; an empty last dimension (``S = 0``) gives an empty tensor, as in torch. NaN or
+inf in unmasked scores propagate as in torch. Half-precision scores are computed in float32 and
+cast back.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from hopfield._validation import check_int
+from hopfield._validation import check_real as _check_real
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -37,18 +42,12 @@ class Separation(nn.Module):
             raise TypeError(f"scores must be a Tensor, got {type(scores).__name__}")
         if not scores.is_floating_point():
             raise TypeError(f"scores must be floating point, got {scores.dtype}")
+        if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax
+            return scores.clone()
         return self.separate(_upcast(scores)).to(scores.dtype)
 
     def separate(self, scores: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
-
-
-def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
 
 
 class SoftmaxN(Separation):
@@ -74,12 +73,13 @@ class SoftmaxN(Separation):
         if self.n > 0:
             shift = shift.clamp_min(0.0)
         # A fully masked row has shift -inf; any finite shift gives the same (zero) result.
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+        # NaN and +inf are left alone so that they propagate as in torch.softmax.
+        shift = torch.where(shift == -math.inf, torch.zeros_like(shift), shift)
         numerator = torch.exp(scores - shift)
         denominator = numerator.sum(dim=-1, keepdim=True)
         if self.n > 0:
             denominator = denominator + self.n * torch.exp(-shift)
-        return numerator / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+        return numerator / torch.where(denominator == 0, torch.ones_like(denominator), denominator)
 
     def extra_repr(self) -> str:
         return f"n={self.n:g}"
@@ -99,7 +99,9 @@ class ClippedSoftmax(Separation):
     """Clipped softmax of Bondarenko et al.: ``clip((zeta - gamma) · base(z) + gamma, 0, 1)``.
 
     Weights below ``-gamma / (zeta - gamma)`` become exactly 0 and those above
-    ``(1 - gamma) / (zeta - gamma)`` exactly 1, with zero gradient there.
+    ``(1 - gamma) / (zeta - gamma)`` exactly 1, with zero gradient there. Every weight lies in
+    ``[0, 1]``; a row sums to at most ``zeta - gamma``, not to 1 in general (it does for
+    ``gamma = 0, zeta = 1`` with the softmax base).
 
     Args:
         gamma: lower stretch, ``gamma <= 0``.
@@ -160,10 +162,10 @@ class Polynomial(Separation):
     def separate(self, scores: Tensor) -> Tensor:
         positive = scores.clamp_min(0.0)
         peak = positive.detach().amax(dim=-1, keepdim=True)
-        peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+        peak = torch.where(peak == 0, torch.ones_like(peak), peak)
         powered = (positive / peak) ** self.degree
         total = powered.sum(dim=-1, keepdim=True)
-        return powered / torch.where(total > 0, total, torch.ones_like(total))
+        return powered / torch.where(total == 0, torch.ones_like(total), total)
 
     def extra_repr(self) -> str:
         return f"degree={self.degree}"
@@ -181,19 +183,20 @@ _OUTSIDE = -2.0
 
 def _shifted(scores: Tensor, alpha: Tensor | float) -> tuple[Tensor, Tensor]:
     """``(alpha - 1) · z - max``, masked entries at -2, and the row validity ``(..., 1)``."""
-    finite = torch.isfinite(scores)
-    valid = finite.any(dim=-1, keepdim=True)
-    x = torch.where(finite, scores, torch.zeros_like(scores)) * (alpha - 1)
-    peak = torch.where(finite, x, torch.full_like(x, -math.inf)).amax(dim=-1, keepdim=True)
+    kept = scores != -math.inf  # NaN and +inf are kept: they propagate as in torch.softmax
+    valid = kept.any(dim=-1, keepdim=True)
+    x = torch.where(kept, scores, torch.zeros_like(scores)) * (alpha - 1)
+    peak = torch.where(kept, x, torch.full_like(x, -math.inf)).amax(dim=-1, keepdim=True)
     peak = torch.where(valid, peak, torch.zeros_like(peak))
-    return torch.where(finite, x - peak, torch.full_like(x, _OUTSIDE)), valid
+    return torch.where(kept, x - peak, torch.full_like(x, _OUTSIDE)), valid
 
 
 def _sparsemax_threshold(x: Tensor) -> Tensor:
     ordered = x.sort(dim=-1, descending=True).values
     ranks = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
     cumulative = ordered.cumsum(dim=-1)
-    support = (1 + ranks * ordered > cumulative).sum(dim=-1, keepdim=True)
+    # At least one: a row with NaN (or +inf) has no support and gives NaN instead of failing.
+    support = (1 + ranks * ordered > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)
     return (cumulative.gather(-1, support - 1) - 1) / support.to(x.dtype)
 
 
@@ -204,7 +207,7 @@ def _entmax15_threshold(x: Tensor) -> Tensor:
     mean_sq = (ordered**2).cumsum(dim=-1) / ranks
     delta = (1 - ranks * (mean_sq - mean**2)) / ranks
     tau = mean - delta.clamp_min(0).sqrt()
-    support = (tau <= ordered).sum(dim=-1, keepdim=True)
+    support = (tau <= ordered).sum(dim=-1, keepdim=True).clamp_min(1)  # >= 1 as above
     return tau.gather(-1, support - 1)
 
 
@@ -235,7 +238,7 @@ class _Entmax(torch.autograd.Function):
         else:
             p = (x - _bisect_threshold(x, alpha, iterations)).clamp_min(0) ** (1.0 / (alpha - 1))
             total = p.sum(dim=-1, keepdim=True)
-            p = p / torch.where(total > 0, total, torch.ones_like(total))
+            p = p / torch.where(total == 0, torch.ones_like(total), total)
         p = p * valid
         ctx.save_for_backward(p, scores, alpha)
         return p
@@ -263,11 +266,14 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
 
     ``alpha`` is a float in ``(1, 2]`` or a tensor broadcastable to ``scores[..., :1]``
     (gradients flow to it). ``alpha = 2`` (sparsemax) and ``1.5`` use exact sort-based
-    thresholds; other values bisection with ``iterations`` steps.
+    thresholds; other values bisection with ``iterations`` steps (a positive int).
     """
+    check_int("iterations", iterations)
     alpha_t = torch.as_tensor(alpha, dtype=scores.dtype, device=scores.device)
-    if bool(((alpha_t <= 1) | (alpha_t > 2)).any()):
+    if not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
         raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
+    if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax
+        return scores.clone()
     return _Entmax.apply(scores, alpha_t, iterations)
 
 
@@ -292,7 +298,7 @@ class Entmax(Separation):
         alpha: the (initial) alpha, in ``(1, 2]`` (``(1, 2)`` when learnable).
         learnable: learn alpha.
         num_heads: number of heads for a per-head learnable alpha (``None``: one alpha).
-        iterations: bisection steps for alpha other than 1.5 and 2.
+        iterations: bisection steps for alpha other than 1.5 and 2, a positive int.
     """
 
     def __init__(
@@ -312,7 +318,7 @@ class Entmax(Separation):
             raise ValueError("num_heads needs learnable=True and must be a positive int")
         self.initial_alpha = alpha
         self.num_heads = num_heads
-        self.iterations = iterations
+        self.iterations = check_int("iterations", iterations)
         if learnable:
             shape = (num_heads, 1, 1) if num_heads is not None else ()
             self.alpha_logit: nn.Parameter | None = nn.Parameter(

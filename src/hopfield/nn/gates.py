@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hopfield._validation import check_patterns
+
 GATE_KINDS = ("per_head", "conditional_per_head", "conditional_per_token")
 
 
@@ -84,6 +86,7 @@ class GatedAttention(nn.Module):
         """Gate values in (0, 1): ``(B, H, L, 1)``, ``(B, H, 1, 1)`` or ``(1, H, 1, 1)`` by kind."""
         if self.kind == "per_head":
             return torch.sigmoid(self.biases[0]).view(1, self.num_heads, 1, 1)
+        check_patterns("x", x, self.weights[0].dtype)
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(f"x must be (B, L, {self.input_size}), got shape {tuple(x.shape)}")
         h = x.view(*x.shape[:2], self.num_heads, -1).transpose(1, 2)  # (B, H, L, head_size)

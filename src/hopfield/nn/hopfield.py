@@ -16,6 +16,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from hopfield._validation import (
+    check_mask,
+    check_patterns,
+    check_real,
+    parameter_dtype,
+)
 from hopfield.functional.associate import associate
 from hopfield.functional.separation import Separation, Softmax, SoftmaxN
 from hopfield.functional.structures import Dense, Structure
@@ -55,6 +61,8 @@ def _mha_masks_to_allowed(
 ) -> Tensor | None:
     """Masks in the ``nn.MultiheadAttention`` convention (``True`` = ignore, or additive floats)
     as one mask in the ``associate`` convention (``True`` = may take part, or additive floats)."""
+    key_padding_mask = check_mask("key_padding_mask", key_padding_mask)
+    attn_mask = check_mask("attn_mask", attn_mask)
     parts: list[Tensor] = []
     if key_padding_mask is not None:
         if key_padding_mask.shape != (batch, size):
@@ -175,10 +183,8 @@ class Hopfield(nn.Module):
         self.pattern_size = _positive("pattern_size", pattern_size or self.hidden_size)
         self.output_size = _positive("output_size", output_size or input_size)
         self.update_steps = _positive("update_steps", update_steps)
-        if update_eps < 0:
-            raise ValueError(f"update_eps must be >= 0, got {update_eps}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        update_eps = check_real("update_eps", update_eps, low=0.0)
+        dropout = check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.update_eps, self.dropout, self.batch_first = update_eps, dropout, batch_first
         self.tie_values_to_keys = bool(tie_values_to_keys)
         if separation is not None and not isinstance(separation, Separation):
@@ -248,7 +254,12 @@ class Hopfield(nn.Module):
         values = [default] * self.num_heads if scale is None else scale
         if isinstance(values, int | float):
             values = [float(values)] * self.num_heads
-        values = [float(v) for v in values]
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"scale must be a float or {self.num_heads} floats, got {scale!r}"
+            ) from None
         if len(values) != self.num_heads:
             raise ValueError(f"scale must be a float or {self.num_heads} floats, got {len(values)}")
         if any(v <= 0 or not math.isfinite(v) for v in values):
@@ -305,6 +316,9 @@ class Hopfield(nn.Module):
                 raise ValueError(
                     f"{name} patterns must be 3-D with last dim {size}, got {tuple(t.shape)}"
                 )
+        dtype = self._input_dtype()
+        for name, t, _ in expected:
+            check_patterns("input" if isinstance(input, Tensor) else f"{name} patterns", t, dtype)
         if not self.batch_first:
             stored, state, projection = (t.transpose(0, 1) for t in (stored, state, projection))
         if stored.shape[:2] != projection.shape[:2]:
@@ -317,6 +331,11 @@ class Hopfield(nn.Module):
                 f"batch sizes differ: stored {stored.shape[0]}, state {state.shape[0]}"
             )
         return stored, state, projection
+
+    def _input_dtype(self) -> torch.dtype | None:
+        """The dtype inputs must have (that of the projections, input norms or gate; ``None`` for
+        a static layer without them); any floating dtype under autocast."""
+        return parameter_dtype(self.q_proj, self.norm_stored, self.norm_q, self.gate)
 
     def _heads(self, x: Tensor, size: int) -> Tensor:
         return x.view(x.shape[0], x.shape[1], self.num_heads, size).transpose(1, 2)
@@ -350,6 +369,8 @@ class Hopfield(nn.Module):
 
     def _iterate(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """``update_steps - 1`` retrieval steps in key space; each head stops at ``update_eps``."""
+        if q.numel() == 0:  # an empty batch or no state patterns: nothing moves
+            return q
         active = torch.ones(self.num_heads, dtype=torch.bool, device=q.device)
         for _ in range(self.update_steps - 1):
             new_q = associate(
@@ -417,7 +438,8 @@ class Hopfield(nn.Module):
         heads, weights = result if isinstance(result, tuple) else (result, None)
         if self.gate is not None:
             heads = self.gate(state, heads)
-        merged = heads.transpose(1, 2).reshape(heads.shape[0], heads.shape[2], -1)
+        batch, _, length, size = heads.shape  # sizes spelled out: -1 fails on empty tensors
+        merged = heads.transpose(1, 2).reshape(batch, length, self.num_heads * size)
         output = self.out_proj(merged) if self.out_proj is not None else merged
         if not self.batch_first:
             output = output.transpose(0, 1)
@@ -471,7 +493,16 @@ class HopfieldPooling(nn.Module):
         return_weights: bool = False,
         return_heads: bool = False,
     ) -> Tensor | HopfieldOutput:
-        stored, projection = (input, input) if isinstance(input, Tensor) else input
+        if isinstance(input, Tensor):
+            stored = projection = check_patterns("input", input, self.hopfield._input_dtype())
+        elif (
+            isinstance(input, tuple | list)
+            and len(input) == 2
+            and all(isinstance(t, Tensor) for t in input)
+        ):
+            stored, projection = input
+        else:
+            raise TypeError("input must be a Tensor or a pair (stored, projection) of Tensors")
         batch = stored.shape[0 if self.hopfield.batch_first else 1]
         state = self.state_patterns.expand(batch, -1, -1)
         if not self.hopfield.batch_first:
@@ -534,6 +565,7 @@ class HopfieldLayer(nn.Module):
         return_weights: bool = False,
         return_heads: bool = False,
     ) -> Tensor | HopfieldOutput:
+        check_patterns("input", input, self.hopfield._input_dtype())
         batch = input.shape[0 if self.hopfield.batch_first else 1]
         stored = self.stored_patterns.expand(batch, -1, -1)
         targets = self.target_patterns if self.target_patterns is not None else self.stored_patterns
