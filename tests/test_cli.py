@@ -56,12 +56,13 @@ def test_run_writes_results_with_provenance_and_a_report(tmp_path: Path) -> None
     assert record["config"]["noise_std"] == 0.25
     assert {"torch", "python", "hopfield", "numpy"} <= set(record["versions"])
     assert record["wall_time_s"] > 0
-    table = record["results"]["tables"][0]
-    rates = [row[3] for row in table["rows"]]
-    assert all(0.0 <= r <= 1.0 for r in rates) and max(rates) > 0.5  # noisy digits are retrieved
-    assert (tmp_path / "retrieval-demo" / "retrieval_grid.png").stat().st_size > 1000
+    masked, noisy = record["results"]["tables"][:2]
+    assert masked["columns"] == ["map", "steps", "β=0.1", "β=1"]
+    rates = [rate for table in (masked, noisy) for row in table["rows"] for rate in row[2:]]
+    assert all(0.0 <= r <= 1.0 for r in rates) and max(rates) > 0.5  # digits are retrieved
+    assert (tmp_path / "retrieval-demo" / "retrieval_demo.png").stat().st_size > 1000
     report = (tmp_path / "retrieval-demo" / "REPORT.md").read_text()
-    assert "| query | beta | separation |" in report and "retrieval_grid.png" in report
+    assert "| map | steps | β=0.1 | β=1 |" in report and "retrieval_demo.png" in report
 
 
 def test_reproduce_and_report_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,11 +4,18 @@
 itself when imported (``registry.discover()`` imports them all).
 """
 
-from hopfield.experiments.registry import Experiment, all_experiments, get, register
+from hopfield.experiments.registry import (
+    ConfigError,
+    Experiment,
+    all_experiments,
+    get,
+    register,
+)
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.experiments.runner import reproduce, run_experiment
 
 __all__ = [
+    "ConfigError",
     "Experiment",
     "Results",
     "RunContext",

@@ -19,6 +19,12 @@ PRESETS = ("tiny", "small", "paper")
 RunFunction = Callable[[Any, RunContext], Results]
 
 
+class ConfigError(ValueError):
+    """A configuration an experiment cannot run: an unknown field, or a value of the wrong type
+    or out of range. ``apply_overrides`` raises it, and so do experiments that check their
+    configuration before they start; the command line prints it as one line (exit status 2)."""
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One registered experiment.

@@ -18,7 +18,7 @@ import torch
 
 from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
-from hopfield.experiments.registry import Experiment, all_experiments, get
+from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext
 from hopfield.training import process_layout
 
@@ -44,11 +44,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class ConfigError(ValueError):
-    """A configuration an experiment cannot run: an unknown field, or a value of the wrong type
-    or out of range (the command line prints it as one line, exit status 2)."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -176,7 +171,8 @@ def run_experiment(
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
     Returns the path of the results file. The file holds the configuration, seed, software
-    versions, wall time, the number of processes that ran it, the run limits and the
+    versions, wall time and CPU time (of this process; on a busy machine the wall time
+    grows and the CPU time does not), the number of processes that ran it, the run limits and the
     :class:`Results` (tables, metrics, figures).
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
@@ -204,7 +200,7 @@ def run_experiment(
     )
     seed_everything(int(getattr(config, "seed", 0)))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         results = experiment.run(config, context)
     except KeyboardInterrupt as stop:
@@ -222,6 +218,7 @@ def run_experiment(
         "versions": versions(),
         "started_at": started,
         "wall_time_s": time.perf_counter() - t0,
+        "cpu_time_s": time.process_time() - cpu0,  # this process, all its threads
         "processes": context.processes,
         "mixed_precision": mixed_precision,
         "limits": {
