@@ -43,7 +43,10 @@ class Separation(nn.Module):
         if not scores.is_floating_point():
             raise TypeError(f"scores must be floating point, got {scores.dtype}")
         if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax
-            return scores.clone()
+            empty = scores.clone()
+            for parameter in self.parameters():  # zero gradients, as nn.Linear on no rows
+                empty = empty + 0 * parameter.sum()
+            return empty
         return self.separate(_upcast(scores)).to(scores.dtype)
 
     def separate(self, scores: Tensor) -> Tensor:  # pragma: no cover - abstract
@@ -272,8 +275,8 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
     alpha_t = torch.as_tensor(alpha, dtype=scores.dtype, device=scores.device)
     if not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
         raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
-    if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax
-        return scores.clone()
+    if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax; alpha gets a zero gradient
+        return scores + 0 * alpha_t.sum()
     return _Entmax.apply(scores, alpha_t, iterations)
 
 
