@@ -19,45 +19,9 @@ from hopfield.functional import (
     Sparsemax,
     entmax,
 )
+from oracles import ref_entmax, ref_softmax_n, ref_sparsemax
 
 INF = math.inf
-
-
-# ---- float64 references written from the definitions (numpy, independent of the code) ----------
-
-
-def ref_softmax_n(z: np.ndarray, n: float) -> np.ndarray:
-    e = np.exp(z.astype(np.float64))
-    return e / (n + e.sum(-1, keepdims=True))
-
-
-def ref_sparsemax(z: np.ndarray) -> np.ndarray:
-    """Projection onto the simplex by the sort-based rule of Martins & Astudillo."""
-    out = np.zeros_like(z, dtype=np.float64)
-    for idx in np.ndindex(z.shape[:-1]):
-        row = z[idx].astype(np.float64)
-        srt = np.sort(row)[::-1]
-        k = np.arange(1, row.size + 1)
-        support = 1 + k * srt > np.cumsum(srt)
-        kz = k[support].max()
-        tau = (srt[:kz].sum() - 1) / kz
-        out[idx] = np.maximum(row - tau, 0)
-    return out
-
-
-def ref_entmax(z: np.ndarray, alpha: float) -> np.ndarray:
-    """alpha-entmax by high-precision bisection on tau (independent of the code's algorithms)."""
-    out = np.zeros_like(z, dtype=np.float64)
-    for idx in np.ndindex(z.shape[:-1]):
-        x = (alpha - 1) * z[idx].astype(np.float64)
-        lo, hi = x.max() - 1, x.max()
-        for _ in range(200):
-            mid = (lo + hi) / 2
-            mass = (np.maximum(x - mid, 0) ** (1 / (alpha - 1))).sum()
-            lo, hi = (mid, hi) if mass > 1 else (lo, mid)
-        p = np.maximum(x - (lo + hi) / 2, 0) ** (1 / (alpha - 1))
-        out[idx] = p / p.sum()
-    return out
 
 
 ALL_MAPS: list[tuple[str, Separation]] = [
