@@ -42,9 +42,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from hopfield.data.files import DataNotFoundError
-from hopfield.data.images import load_image_dataset, stand_in_images
+from hopfield.data.images import IMAGE_DATASETS, load_image_dataset, stand_in_images
+from hopfield.experiments.checks import check_choice, check_ints, check_reals, check_subset
 from hopfield.experiments.outliers_tasks import same_run
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.models.vision import VisionHopfield, vision_hopfield_parameters
@@ -114,18 +115,14 @@ class Config:
     until_epoch: int = 0
 
     def __post_init__(self) -> None:
+        """:class:`ConfigError` naming the first field the experiment cannot run with."""
         self.datasets = tuple(self.datasets)
         self.models = tuple(self.models)
-        unknown = [m for m in self.models if m not in MODELS]
-        if unknown or not self.models:
-            raise ValueError(
-                f"models must be a non-empty subset of {sorted(MODELS)}, got {self.models}"
-            )
-        if not self.datasets:
-            raise ValueError("datasets must not be empty")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        for name in (
+        check_subset("models", self.models, tuple(MODELS))
+        check_subset("datasets", self.datasets, tuple(IMAGE_DATASETS))
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_ints(
+            self,
             "seeds",
             "epochs",
             "batch_size",
@@ -134,18 +131,18 @@ class Config:
             "num_heads",
             "mlp_dim",
             "depth",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("train_size", "test_size", "until_epoch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        )
+        check_ints(self, "train_size", "test_size", "until_epoch", minimum=0)
+        check_reals(self, "lr", low=0.0, low_open=True)
+        check_reals(self, "dropout", low=0.0, high=1.0, high_open=True)
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if 0 < self.train_size < self.batch_size:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must not exceed train_size ({self.train_size})"
+            )
 
 
 PRESETS = {
@@ -261,7 +258,7 @@ def _load(name: str, config: Config, ctx: RunContext) -> _Data:
     if images.shape[2] != images.shape[3]:
         raise ValueError(f"{name}: images must be square, got {tuple(images.shape[2:])}")
     if len(images) < config.batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"batch_size ({config.batch_size}) exceeds the {len(images)} training images of {name}"
         )
     return data

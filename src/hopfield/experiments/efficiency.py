@@ -39,7 +39,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.checks import (
+    check_int_items,
+    check_ints,
+    check_real_items,
+    check_reals,
+    check_subset,
+)
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.functional import Softmax, Sparsemax, associate
 from hopfield.functional.efficient import RandomMask, TopK, Window
@@ -352,7 +359,7 @@ def forward_function(
         return association
     if mode == "layer":
         if dim % config.layer_heads:
-            raise ValueError(f"dims must be divisible by layer_heads={config.layer_heads}")
+            raise ConfigError(f"dims must be divisible by layer_heads={config.layer_heads}")
         layer: nn.Module = Hopfield(
             dim, num_heads=config.layer_heads, separation=separation, structure=structure
         ).eval()
@@ -662,12 +669,60 @@ def plot(config: Config, points: dict[str, dict[str, Any]], ctx: RunContext) -> 
     return [filename for filename, _ in figures]
 
 
+#: Modes of :func:`forward_function`.
+MODES = ("association", "layer")
+
+#: Model names of ``Config.models`` besides ``window-<w>`` (a fixed one-sided window ``w``) and
+#: ``random-<p>`` (one mask probability ``p``).
+MODEL_NAMES = (
+    "dense",
+    "sparsemax",
+    "topk",
+    "random",
+    "window-sqrt",
+    "window-paper",
+    "window-fixed",
+    "linear",
+    "rf",
+    "rf-relu",
+)
+
+
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_int_items("sizes", config.sizes, minimum=2)
+    check_int_items("dims", config.dims)
+    check_subset("modes", config.modes, MODES)
+    known = f"choose from {', '.join(MODEL_NAMES)}, window-<w> (w >= 1) or random-<p> (0 <= p < 1)"
+    if not config.models:
+        raise ConfigError(f"models must name at least one model; {known}")
+    if "random" in config.models:
+        check_real_items("mask_probabilities", config.mask_probabilities, low=0.0, high=1.0,
+                         high_open=True)  # fmt: skip
+    check_reals(config, "topk_fraction", low=0.0, high=1.0, low_open=True)
+    check_ints(config, "fixed_window", "batch", "layer_heads", "repeats", "threads")
+    check_ints(config, "warmup", minimum=0)
+    check_reals(config, "max_seconds", "max_bytes", low=0.0, low_open=True)
+    if "layer" in config.modes:
+        uneven = [d for d in config.dims if d % config.layer_heads]
+        if uneven:
+            raise ConfigError(
+                f"dims {uneven} must be divisible by layer_heads={config.layer_heads} (mode "
+                "'layer')"
+            )
+    for name in model_names(config):
+        window = name.startswith("window-") and name not in MODEL_NAMES
+        try:
+            if window and window_size(name, max(config.sizes)) < 1:
+                raise ValueError(f"window {name!r} is below 1")
+            make_model(name, max(config.sizes), config)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"models: {name!r} is not a model ({error}); {known}") from None
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Measure every point (resuming), then tabulate and plot."""
-    if not config.sizes or min(config.sizes) < 2:
-        raise ValueError(f"sizes must be integers >= 2, got {config.sizes}")
-    for name in model_names(config):
-        make_model(name, max(config.sizes), config)  # fail early on unknown names
+    check_config(config)
     points = measure(config, ctx)
     results = summarise(config, points)
     results.figures = plot(config, points, ctx)

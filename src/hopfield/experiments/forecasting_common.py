@@ -55,6 +55,7 @@ from torch import Tensor, nn
 from hopfield.data.files import DataNotFoundError
 from hopfield.data.timeseries import ForecastSplits, WindowDataset, load_forecasting
 from hopfield.experiments.outliers_tasks import same_run
+from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext
 from hopfield.training import Trainer, steps_per_epoch
 
@@ -124,10 +125,12 @@ class ForecastRecipe:
     eval_batch_size: int | None = None
 
     def __post_init__(self) -> None:
+        """:class:`ConfigError` naming the first field the recipe cannot train with (the
+        experiments' config fields of the same names)."""
         if self.optimizer not in ("adam", "adamw"):
-            raise ValueError(f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}")
+            raise ConfigError(f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+            raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         counts = {
             "epochs": self.epochs,
             "batch_size": self.batch_size,
@@ -138,11 +141,11 @@ class ForecastRecipe:
         }
         for name, value in counts.items():
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise ConfigError(f"lr must be positive, got {self.lr}")
         if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, "
                 f"{self.grad_clip}"
             )
@@ -158,8 +161,9 @@ def epoch_steps(windows: int, recipe: ForecastRecipe) -> int:
     most ``recipe.max_train_batches``."""
     steps = steps_per_epoch(windows, recipe.batch_size)
     if steps < 1:
-        raise ValueError(
-            f"windows: {windows} training windows are fewer than one batch ({recipe.batch_size})"
+        raise ConfigError(
+            f"batch_size: the {windows} training windows are fewer than one batch "
+            f"({recipe.batch_size}); lower batch_size, or use more rows or shorter windows"
         )
     return steps if recipe.max_train_batches is None else min(steps, recipe.max_train_batches)
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from hopfield.experiments.forecasting_common import EpochClock, reusable, save_run
 from hopfield.experiments.outliers_tasks import same_run
+from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext, Table
 from hopfield.nn.hyperset import HyperSETEncoder
 from hopfield.nn.hyperset_energy import average_angle, effective_rank
@@ -161,7 +162,7 @@ def train_model(
     """
     per_epoch = steps_per_epoch(size, batch_size)
     if per_epoch < 1:
-        raise ValueError(f"batch_size: {batch_size} exceeds the {size} training examples")
+        raise ConfigError(f"batch_size: {batch_size} exceeds the {size} training examples")
     lr = lr_at(0) or 1.0
     config = ctx.training_config(
         epochs=epochs,

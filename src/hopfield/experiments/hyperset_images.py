@@ -26,7 +26,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.data import DataNotFoundError
-from hopfield.data.images import load_image_dataset, stand_in_images
+from hopfield.data.images import (
+    IMAGE_DATASETS,
+    STAND_IN_SHAPES,
+    load_image_dataset,
+    stand_in_images,
+)
+from hopfield.experiments.checks import (
+    check_choice,
+    check_int_items,
+    check_ints,
+    check_reals,
+    check_subset,
+)
 from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
@@ -39,10 +51,10 @@ from hopfield.experiments.hyperset_common import (
     trajectory_table,
 )
 from hopfield.experiments.hyperset_sudoku import VARIANTS
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.hyperset import ImageClassifier, image_classifier
-from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
+from hopfield.nn.hyperset import FEEDFORWARD_KINDS, HyperSETEncoder, count_parameters
 
 # Table 1 (top-1 %, 1 layer × 12 iterations): CIFAR-10, CIFAR-100, ImageNet-100; params (M).
 PAPER_TABLE1 = {
@@ -224,12 +236,12 @@ def _loss(config: Config) -> Callable[[nn.Module, tuple[Tensor, Tensor]], Tensor
     return loss_fn
 
 
-def build(
-    config: Config, name: str, image_size: int, channels: int, num_classes: int = 10
-) -> ImageClassifier:
-    """Model ``name``: ``hyperset``, ``hyperset-scaleup``, ``transformer``, ``crate``, ``crate-t``,
-    ``hyperset-scaleup+<v>``
-    (a Table 3 variant), ``<base>-layers<K>`` (Fig. 4) or ``hyperset-scaleup-lora<r>`` (Table 4)."""
+#: Base models of :func:`build`.
+BASES = ("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t")
+
+
+def _parse(name: str) -> tuple[str, dict[str, Any]]:
+    """``(base, options)`` of a model name (see :func:`build`)."""
     options: dict[str, Any] = {}
     base = name
     if "+" in name:
@@ -243,8 +255,63 @@ def build(
     if "-lora" in base:
         base, r = base.split("-lora")
         options["lora_rank"] = int(r)
-    if base not in ("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t"):
+    if base not in BASES:
         raise ValueError(f"unknown model {name!r}")
+    return base, options
+
+
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_choice("dataset", config.dataset, tuple(IMAGE_DATASETS))
+    check_ints(config, "grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_heads")
+    check_ints(config, "iterations", "epochs", "batch_size", "analysis_size", "eval_batch_size")
+    check_ints(config, "time_frequency", minimum=4)
+    check_ints(config, "holdout", "train_size", "test_size", "crop_padding", "warmup_epochs",
+               "threads", minimum=0)  # fmt: skip
+    check_reals(config, "lr", low=0.0, low_open=True)
+    check_reals(config, "min_lr", "weight_decay", low=0.0)
+    check_reals(config, "label_smoothing", low=0.0, high=1.0, high_open=True)
+    check_choice("feedforward", config.feedforward, FEEDFORWARD_KINDS)
+    for width, heads in (("d_model", "num_heads"), ("scaleup_d_model", "scaleup_num_heads")):
+        if getattr(config, width) % getattr(config, heads):
+            raise ConfigError(
+                f"{width} ({getattr(config, width)}) must be divisible by {heads} "
+                f"({getattr(config, heads)})"
+            )
+    side = STAND_IN_SHAPES[config.dataset][1]
+    if side % config.grid:
+        raise ConfigError(
+            f"grid ({config.grid}) must divide the {side}-pixel images of {config.dataset}"
+        )
+    if 0 < config.train_size < config.batch_size:
+        raise ConfigError(
+            f"batch_size ({config.batch_size}) must not exceed train_size ({config.train_size})"
+        )
+    check_subset("ablations", config.ablations, tuple(VARIANTS), allow_empty=True)
+    check_int_items("layer_splits", config.layer_splits, allow_empty=True)
+    uneven = [k for k in config.layer_splits if config.iterations % k]
+    if uneven:
+        raise ConfigError(f"layer_splits {uneven} must divide iterations ({config.iterations})")
+    check_int_items("lora_ranks", config.lora_ranks, minimum=0, allow_empty=True)
+    if not _model_names(config):
+        raise ConfigError("models, ablations, layer_splits and lora_ranks name no model")
+    known = f"{', '.join(BASES)}, with +<variant>, -layers<K> or -lora<r>"
+    for name in config.models:
+        try:
+            _parse(name)
+        except ValueError as error:
+            raise ConfigError(
+                f"models: {name!r} is not a model ({error}); choose from {known}"
+            ) from None
+
+
+def build(
+    config: Config, name: str, image_size: int, channels: int, num_classes: int = 10
+) -> ImageClassifier:
+    """Model ``name``: ``hyperset``, ``hyperset-scaleup``, ``transformer``, ``crate``, ``crate-t``,
+    ``hyperset-scaleup+<v>``
+    (a Table 3 variant), ``<base>-layers<K>`` (Fig. 4) or ``hyperset-scaleup-lora<r>`` (Table 4)."""
+    base, options = _parse(name)
     scale = base == "hyperset-scaleup"
     common: dict[str, Any] = {
         "num_classes": num_classes,
@@ -276,6 +343,7 @@ def accuracy(model: ImageClassifier, images: Tensor, labels: Tensor, batch_size:
 
 def run(config: Config, ctx: RunContext) -> Results:
     """Train every model and tabulate in the layout of Table 1, Table 3, Fig. 4 and Table 4."""
+    check_config(config)
     with threads_limited(config.threads):
         return _run(config, ctx)
 

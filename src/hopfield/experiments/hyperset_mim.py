@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from hopfield.data import DataNotFoundError
-from hopfield.data.images import load_image_dataset
+from hopfield.data.images import IMAGE_DATASETS, STAND_IN_SHAPES, load_image_dataset
+from hopfield.experiments.checks import check_choice, check_ints, check_reals, check_subset
 from hopfield.experiments.hyperset_common import (
     device_of,
     run_identity,
@@ -29,7 +30,7 @@ from hopfield.experiments.hyperset_common import (
     train_model,
     train_or_reuse,
 )
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.hyperset import (
     MaskedTokenModel,
@@ -171,8 +172,38 @@ def build(config: Config, name: str) -> MaskedTokenModel:
     raise ValueError(f"unknown model {name!r}")
 
 
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_choice("dataset", config.dataset, (*IMAGE_DATASETS, "imagenet100"))
+    check_subset("models", config.models, tuple(PAPER_TABLE2))
+    check_ints(config, "grid", "d_model", "num_heads", "iterations", "epochs", "batch_size")
+    check_ints(config, "codebook_size", minimum=2)
+    check_ints(config, "kmeans_iterations", "threads", minimum=0)
+    check_reals(config, "lr", low=0.0, low_open=True)
+    check_reals(config, "weight_decay", "grad_clip", low=0.0)
+    check_reals(config, "max_mask_ratio", "eval_mask_ratio", low=0.0, high=1.0)
+    if config.d_model % config.num_heads or config.d_model % 2 or config.d_model < 4:
+        raise ConfigError(
+            f"d_model ({config.d_model}) must be even, >= 4 and divisible by num_heads "
+            f"({config.num_heads})"
+        )
+    if config.dataset in IMAGE_DATASETS:
+        _, side, _, counts = STAND_IN_SHAPES[config.dataset]
+        if side % config.grid:
+            raise ConfigError(
+                f"grid ({config.grid}) must divide the {side}-pixel images of {config.dataset}"
+            )
+        patches = counts["train"] * config.grid**2
+        if config.codebook_size > patches:
+            raise ConfigError(
+                f"codebook_size ({config.codebook_size}) exceeds the {patches} training patches "
+                f"of {config.dataset}"
+            )
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Tokenize, train each model on masked tokens, evaluate at the fixed masking ratio."""
+    check_config(config)
     with threads_limited(config.threads):
         return _run(config, ctx)
 

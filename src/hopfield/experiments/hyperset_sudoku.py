@@ -33,6 +33,13 @@ from torch import Tensor, nn
 
 from hopfield.data import DataNotFoundError
 from hopfield.data.sudoku import cached_puzzles, load_sudoku_dataset
+from hopfield.experiments.checks import (
+    check_choice,
+    check_ints,
+    check_real_items,
+    check_reals,
+    check_subset,
+)
 from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
@@ -45,7 +52,7 @@ from hopfield.experiments.hyperset_common import (
     trajectory_table,
 )
 from hopfield.experiments.outliers_tasks import main_process_first
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.hyperset import SudokuModel, sudoku_model
 from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
@@ -177,7 +184,7 @@ def _load_files(config: Config, ctx: RunContext) -> tuple[np.ndarray, ...]:
         cut = len(both[0]) - config.test_size
         train, test = (both[0][:cut], both[1][:cut]), (both[0][cut:], both[1][cut:])
     else:
-        raise ValueError(
+        raise ConfigError(
             f"dataset must be 'generated', 'rrn-hard' or 'satnet', got {config.dataset!r}"
         )
     # As the paper's code: the first n of a seeded permutation of each split.
@@ -251,8 +258,44 @@ def _paper_at(factor: float, model: str) -> float:
     return values[low] + (position - low) * (values[high] - values[low])
 
 
+#: Sudoku data sets (``Config.dataset``).
+DATASETS = ("generated", "rrn-hard", "satnet")
+
+
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_choice("dataset", config.dataset, DATASETS)
+    check_subset("models", config.models, ("hyperset", "transformer", *VARIANTS), allow_empty=True)
+    check_subset("ablations", config.ablations, tuple(VARIANTS), allow_empty=True)
+    if not config.models and not config.ablations:
+        raise ConfigError("models and ablations name no model")
+    check_ints(config, "train_size", "test_size", "d_model", "num_heads", "iterations")
+    check_ints(config, "epochs", "batch_size", "eval_every", "eval_size", "analysis_size")
+    check_ints(config, "eval_batch_size")
+    check_ints(config, "time_frequency", minimum=4)
+    check_ints(config, "threads", minimum=0)
+    check_reals(config, "ff_ratio", "lr", low=0.0, low_open=True)
+    check_reals(config, "weight_decay", "grad_clip", low=0.0)
+    check_real_items("extrapolation", config.extrapolation, low=0.0, low_open=True)
+    if config.d_model % config.num_heads:
+        raise ConfigError(
+            f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})"
+        )
+    if config.dataset == "generated":
+        if not 17 <= config.min_givens <= config.max_givens <= 81:
+            raise ConfigError(
+                "min_givens and max_givens must satisfy 17 <= min_givens <= max_givens <= 81, "
+                f"got {config.min_givens}, {config.max_givens}"
+            )
+        if config.batch_size > config.train_size:
+            raise ConfigError(
+                f"batch_size ({config.batch_size}) must not exceed train_size ({config.train_size})"
+            )
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Train every model, evaluate, and tabulate beside the paper's numbers."""
+    check_config(config)
     with threads_limited(config.threads):
         return _run(config, ctx)
 

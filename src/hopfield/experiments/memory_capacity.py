@@ -39,8 +39,16 @@ from torch import Tensor
 
 from hopfield.claims import PairedComparison, compare_paired
 from hopfield.data import DataNotFoundError
-from hopfield.data.images import load_image_dataset
-from hopfield.experiments.registry import Experiment, register
+from hopfield.data.images import IMAGE_DATASETS, load_image_dataset
+from hopfield.experiments.checks import (
+    check_choice,
+    check_int_items,
+    check_ints,
+    check_real_items,
+    check_reals,
+    check_subset,
+)
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Entmax, Polynomial, Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK
@@ -699,8 +707,45 @@ def with_threads(threads: int | None, fn: Callable[[], Results]) -> Results:
         torch.set_num_threads(before)
 
 
+def check_study(config: RetrievalStudy) -> None:
+    """:class:`ConfigError` naming the first shared field (:class:`RetrievalStudy`) ``config``
+    cannot run with."""
+    check_subset("datasets", config.datasets, tuple(IMAGE_DATASETS))
+    check_choice("split", config.split, ("train", "test"))
+    check_ints(config, "memory_sets")
+    check_int_items("steps", config.steps)
+    check_reals(config, "beta", low=0.0, low_open=True)
+    check_real_items("extra_betas", config.extra_betas, low=0.0, low_open=True, allow_empty=True)
+    check_reals(config, "energy_tolerance", low=0.0)
+    check_ints(config, "threads", optional=True)
+    for field in ("models", "efficient_models"):
+        for name in getattr(config, field):
+            try:
+                make_model(name, "study", 1.0, config.seed)
+            except ValueError as error:
+                raise ConfigError(f"{field}: {error}") from None
+    if not config.models and not config.efficient_models:
+        raise ConfigError("models and efficient_models name no model")
+    for i, pair in enumerate(config.efficient_betas):
+        if len(pair) != 2 or not (isinstance(pair[1], int | float) and pair[1] > 0):
+            raise ConfigError(
+                f"efficient_betas[{i}] must be a (dataset, positive beta) pair, got {pair!r}"
+            )
+
+
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_study(config)
+    check_int_items("memory_sizes", config.memory_sizes)
+    check_subset("queries", config.queries, ("half", "noise"))
+    check_reals(config, "noise_std", low=0.0)
+    if config.throughput is not None:
+        check_int_items("throughput", config.throughput)
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Run the memory-capacity sweep (see the module docstring)."""
+    check_config(config)
     return with_threads(config.threads, lambda: _run(config, ctx))
 
 

@@ -32,9 +32,18 @@ import numpy as np
 import torch
 
 from hopfield.data import DataNotFoundError
-from hopfield.data.mil import MILDataset, load_mil_dataset, stand_in_mil_dataset
+from hopfield.data.mil import MIL_DATASETS, MILDataset, load_mil_dataset, stand_in_mil_dataset
+from hopfield.experiments.checks import (
+    check_int_items,
+    check_ints,
+    check_real_items,
+    check_reals,
+    check_subset,
+)
 from hopfield.experiments.mil_common import (
     RunStore,
+    check_methods,
+    check_training,
     mean_pm_std,
     mil_training_config,
     remove_dir,
@@ -277,8 +286,27 @@ def _key(name: str, method: str, seed: int, fold: int) -> str:
     return f"{name}/{method}/{seed}/{fold}"
 
 
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_subset("datasets", config.datasets, tuple(MIL_DATASETS))
+    check_methods(config.methods)
+    check_ints(config, "folds", minimum=2)
+    check_ints(config, "trials", "seeds", "quantity")
+    check_ints(config, "workers", "threads", minimum=0)
+    check_reals(config, "valid_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+    check_int_items("widths", config.widths)
+    check_int_items("heads", config.heads)
+    check_real_items("scales", config.scales, low=0.0, low_open=True)
+    check_real_items("dropouts", config.dropouts, low=0.0, high=1.0, high_open=True)
+    check_real_items("learning_rates", config.learning_rates, low=0.0, low_open=True)
+    check_real_items("weight_decays", config.weight_decays, low=0.0)
+    check_int_items("batch_sizes", config.batch_sizes)
+    check_training(config.epochs, config.batch_sizes, min(config.learning_rates), 0.0)
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Cross-validate every (data set, method, seed), resuming from the folds already saved."""
+    check_config(config)
     data_dir = str(ctx.data_dir) if ctx.data_dir is not None else None
     # fail early (DataNotFoundError) when a file is absent and no stand-in is allowed
     stand_ins = [

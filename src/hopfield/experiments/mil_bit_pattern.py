@@ -24,8 +24,11 @@ from typing import Any
 import torch
 
 from hopfield.data.mil import make_bit_pattern_bags
+from hopfield.experiments.checks import check_int_items, check_ints, check_reals, config_errors
 from hopfield.experiments.mil_common import (
     RunStore,
+    check_methods,
+    check_training,
     mean_pm_std,
     mil_training_config,
     torch_threads,
@@ -138,8 +141,29 @@ def train_one(
     }
 
 
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_methods(config.methods)
+    check_int_items("bag_sizes", config.bag_sizes)
+    check_ints(config, "train_bags", "valid_bags", "test_bags", minimum=2)
+    check_ints(config, "embedding_size", "num_heads", "quantity", "seeds")
+    check_ints(config, "threads", minimum=0)
+    check_reals(config, "scale", low=0.0, low_open=True)
+    check_training(config.epochs, [config.batch_size], config.lr, 0.0)
+    with config_errors():  # the data's own checks name its fields
+        for bag_size in config.bag_sizes:
+            make_bit_pattern_bags(
+                2,
+                bag_size,
+                num_bits=config.num_bits,
+                num_signals=config.num_signals,
+                signals_per_bag=config.signals_per_bag,
+            )
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Train every (bag size, method, seed); finished runs are saved and not repeated."""
+    check_config(config)
     store = RunStore(ctx, config)
     runs = [
         (size, method, seed)

@@ -40,9 +40,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.data.mil import BagBatches, Batch
+from hopfield.experiments.checks import config_errors
 from hopfield.experiments.outliers_tasks import barrier
+from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext, mean_std
-from hopfield.models.mil import evaluate
+from hopfield.models.mil import POOLING_METHODS, evaluate, pooling_method
 from hopfield.training import Period, Trainer, TrainingConfig, TrainResult, process_layout
 
 T = TypeVar("T")
@@ -162,6 +164,26 @@ def mil_training_config(
         cpu=not torch.cuda.is_available(),  # accelerate's CPU processes need cpu=True
     )
     return config
+
+
+def check_methods(methods: Sequence[str]) -> None:
+    """:class:`ConfigError` naming the config field ``methods`` unless it names one or more
+    pooling methods of :class:`~hopfield.models.mil.MILNet`."""
+    if not methods:
+        raise ConfigError(f"methods must name at least one of {', '.join(POOLING_METHODS)}")
+    for name in methods:
+        try:
+            pooling_method(name, seed=0)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"methods: {name!r} is not a pooling method ({error})") from None
+
+
+def check_training(epochs: int, batch_sizes: Sequence[int], lr: float, weight_decay: float) -> None:
+    """:class:`ConfigError` naming the config field of a training setting
+    :func:`mil_training_config` cannot use (``batch_sizes``: every batch size the runs use)."""
+    with config_errors():
+        for batch_size in batch_sizes:
+            TrainingConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay)
 
 
 def train_mil_model(

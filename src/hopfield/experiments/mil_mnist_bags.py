@@ -37,18 +37,27 @@ from torch import Tensor
 
 from hopfield.data import DataNotFoundError
 from hopfield.data.mil import load_mnist_bag_pools, make_mnist_bags, stand_in_mnist_bag_pools
+from hopfield.experiments.checks import (
+    check_choice,
+    check_int_items,
+    check_ints,
+    check_reals,
+    config_errors,
+)
 from hopfield.experiments.mil_common import (
     RunStore,
+    check_methods,
+    check_training,
     mean_pm_std,
     mil_training_config,
     run_tasks,
     torch_threads,
     train_mil_model,
 )
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.models.mil import MILNet
-from hopfield.training import Period
+from hopfield.training import Period, TrainingConfig
 
 PAPER_METHODS = (
     "dense",
@@ -221,10 +230,28 @@ def _key(bag_size: int, method: str, seed: int) -> str:
     return f"{bag_size}/{method}/{seed}"
 
 
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_choice("source", config.source, ("mnist", "digits"))
+    check_methods(config.methods)
+    check_int_items("bag_sizes", config.bag_sizes)
+    check_ints(config, "train_pairs", "valid_pairs", "test_pairs", "embedding_size", "num_heads")
+    check_ints(config, "head_size", "quantity", "large_bag_quantity", "seeds")
+    check_ints(config, "workers", "threads", minimum=0)
+    check_ints(config, "target", minimum=0)
+    if config.target > 9:
+        raise ConfigError(f"target must be a digit 0..9, got {config.target}")
+    check_reals(config, "valid_image_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+    check_reals(config, "dropout", "attention_dropout", low=0.0, high=1.0, high_open=True)
+    check_reals(config, "scale", low=0.0, low_open=True)
+    check_training(config.epochs, [config.batch_size], config.lr, config.weight_decay)
+    with config_errors():
+        TrainingConfig(epochs=1, checkpoint_every=config.checkpoint_every)
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Train every (bag size, method, seed), resuming from the runs already saved."""
-    if config.source not in ("mnist", "digits"):
-        raise ValueError(f"source must be 'mnist' or 'digits', got {config.source!r}")
+    check_config(config)
     data_dir = str(ctx.data_dir) if ctx.data_dir is not None else None
     # fail early (DataNotFoundError) when the images are absent and no stand-in is allowed
     stand_in = load_pools(config.source, data_dir, ctx.stand_in_data)[1]

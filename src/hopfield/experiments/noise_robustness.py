@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopfield.claims import compare_paired
+from hopfield.experiments.checks import check_ints, check_real_items
 from hopfield.experiments.memory_capacity import (
     Point,
     RetrievalStudy,
     all_of,
     as_verdict,
+    check_study,
     draw_sweep,
     energy_trend,
     identity_trend,
@@ -170,8 +172,16 @@ def noise_trends(points: Sequence[Point], config: Config) -> list[list[Any]]:
     return rows
 
 
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_study(config)
+    check_ints(config, "memory_size")
+    check_real_items("noise_stds", config.noise_stds, low=0.0)
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Run the noise sweep (see the module docstring)."""
+    check_config(config)
     return with_threads(config.threads, lambda: _run(config, ctx))
 
 

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from hopfield.data.images import IMAGENET_TRAIN_IMAGES
+from hopfield.experiments.checks import check_choice, check_ints, check_reals, config_errors
 from hopfield.experiments.outliers_tasks import (
     COMPONENTS,
     Task,
@@ -62,7 +63,7 @@ from hopfield.experiments.outliers_tasks import (
     component_name,
     same_run,
 )
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 
 __all__ = [
@@ -505,37 +506,92 @@ class Config:
 
 
 def resolve(config: Config) -> list[ModelSettings]:
-    """The per-model settings of ``config``: its scale's, with the non-``None`` overrides."""
-    if config.scale not in SETTINGS:
-        raise ValueError(f"scale must be one of {sorted(SETTINGS)}, got {config.scale!r}")
-    if config.model not in (*FAMILIES, "all"):
-        raise ValueError(f"model must be one of {(*FAMILIES, 'all')}, got {config.model!r}")
+    """The per-model settings of ``config``: its scale's, with the non-``None`` overrides.
+
+    Raises :class:`ConfigError` naming the first field the study cannot run with (checked before
+    any data is loaded or model trained).
+    """
+    check_choice("scale", config.scale, tuple(SETTINGS))
+    check_choice("model", config.model, (*FAMILIES, "all"))
     unknown = [v for v in config.variants if v not in LABELS]
     if unknown or not config.variants:
-        raise ValueError(f"variants must be a non-empty subset of {list(LABELS)}, got {unknown}")
-    for name in ("seeds", "eval_seeds"):
-        if int(getattr(config, name)) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+        raise ConfigError(f"variants must be a non-empty subset of {list(LABELS)}, got {unknown}")
+    check_ints(config, "seeds", "eval_seeds")
+    check_ints(config, "log_every", "checkpoint_every", minimum=0)
     if config.calibrate_on not in (None, "validation", "train"):
-        raise ValueError(
+        raise ConfigError(
             f"calibrate_on must be 'validation' or 'train', got {config.calibrate_on!r}"
         )
     changes = {k: getattr(config, k) for k in _OVERRIDABLE if getattr(config, k) is not None}
     families = FAMILIES if config.model == "all" else (config.model,)
     missing = [f for f in families if f not in SETTINGS[config.scale]]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"model: scale {config.scale!r} has settings for {sorted(SETTINGS[config.scale])} "
             f"only, not {missing}"
         )
     resolved = [replace(SETTINGS[config.scale][f], **changes) for f in families]
     for settings in resolved:
-        if settings.max_positions is not None and settings.max_positions < settings.seq_len:
-            raise ValueError(
-                f"max_positions ({settings.max_positions}) must be at least seq_len "
-                f"({settings.seq_len})"
-            )
+        _check_settings(settings)
     return resolved
+
+
+def _check_settings(settings: ModelSettings) -> None:
+    """:class:`ConfigError` naming the first field (an override of the study's
+    :class:`Config`) one model family cannot run with."""
+    from hopfield.data.images import STAND_IN_SHAPES
+    from hopfield.data.text import CORPORA
+    from hopfield.data.token_store import STREAMED_CORPORA
+    from hopfield.training import TrainingConfig
+
+    family = settings.family
+    if family == "vit":
+        check_choice(f"dataset (of {family})", settings.dataset, tuple(STAND_IN_SHAPES))
+        side = settings.image_size if settings.dataset == "imagenet" else None
+        side = side or STAND_IN_SHAPES[settings.dataset][1]
+        if side % settings.patch_size:
+            raise ConfigError(
+                f"patch_size ({settings.patch_size}) must divide the {side}-pixel images of "
+                f"{settings.dataset}"
+            )
+    elif settings.dataset == "synthetic" and family != "opt":
+        raise ConfigError(
+            f"dataset 'synthetic' is a causal-LM task: model must be 'opt', got {family!r}"
+        )
+    else:
+        known = (*CORPORA, *(c for c in STREAMED_CORPORA if c not in CORPORA), "synthetic")
+        check_choice(f"dataset (of {family})", settings.dataset, known)
+    if settings.max_positions is not None and settings.max_positions < settings.seq_len:
+        raise ConfigError(
+            f"max_positions ({settings.max_positions}) must be at least seq_len "
+            f"({settings.seq_len})"
+        )
+    check_ints(settings, "steps", "layers", "hidden", "heads", "ffn", "seq_len", "vocab_size")
+    check_ints(settings, "patch_size", "image_size", "eval_batches", "eval_batch_size")
+    check_ints(settings, "calib_batches")
+    check_ints(settings, "max_train", minimum=0)
+    check_reals(settings, "dropout", low=0.0, high=1.0, high_open=True)
+    if settings.hidden % settings.heads:
+        raise ConfigError(
+            f"hidden ({settings.hidden}) must be divisible by heads ({settings.heads})"
+        )
+    if settings.percentile is not None:
+        check_reals(settings, "percentile", low=0.0, high=100.0, low_open=True)
+    with config_errors():  # the optimiser's fields, as the Trainer will check them
+        TrainingConfig(
+            max_steps=settings.steps,
+            batch_size=settings.batch_size,
+            micro_batch_size=settings.micro_batch_size,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            schedule=settings.schedule,
+            warmup_steps=settings.warmup_steps,
+            warmup_start_ratio=settings.warmup_start_ratio,
+            min_lr_ratio=settings.min_lr_ratio,
+            grad_clip=settings.grad_clip,
+            decay_norm_weights=settings.decay_norm_weights,
+            mixed_precision=settings.mixed_precision,
+        )
 
 
 def _architecture(settings: ModelSettings) -> dict[str, Any]:

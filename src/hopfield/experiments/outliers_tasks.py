@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.data.files import DataNotFoundError, data_root
+from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext
 
 __all__ = [
@@ -377,7 +378,7 @@ def _synthetic_corpus(settings: Any, limit: int) -> _Corpus:
     from hopfield.data import synthetic_text as st
 
     if settings.family != "opt":
-        raise ValueError(
+        raise ConfigError(
             f"dataset 'synthetic' is a causal-LM task: model must be 'opt', got {settings.family!r}"
         )
     grammar = st.SyntheticText(
@@ -409,7 +410,7 @@ def _text_task(settings: Any, data_dir: Path | None, stand_in: bool) -> Task:
     train, valid, ids, vocab = corpus.train, corpus.valid, corpus.ids, corpus.vocab
     slices = _chunks(len(valid), settings.eval_batch_size, settings.eval_batches)
     if not slices:
-        raise ValueError(
+        raise ConfigError(
             f"eval_batch_size: the validation split has {len(valid)} blocks, fewer than one batch"
         )
     special = sorted({ids[r] for r in ids if r != "unk"})
@@ -618,8 +619,9 @@ def _tensor_splits(
         train = load_image_dataset(dataset, "train", data_dir)
     except DataNotFoundError:
         if len(test[0]) <= eval_examples:
-            raise ValueError(
-                f"eval_examples: {dataset} has only {len(test[0])} test images and no train split"
+            raise ConfigError(
+                f"eval_examples (eval_batches x eval_batch_size = {eval_examples}): {dataset} has "
+                f"only {len(test[0])} test images and no train split"
             ) from None
         cut = len(test[0]) - eval_examples
         train, test = (test[0][:cut], test[1][:cut]), (test[0][cut:], test[1][cut:])
@@ -683,11 +685,14 @@ def _image_task(settings: Any, data_dir: Path | None, stand_in: bool) -> Task:
         classes = int(max(int(y_train.max()), int(y_eval.max())) + 1)
     channels, size = x_eval.shape[1], x_eval.shape[-1]
     if size % settings.patch_size:
-        raise ValueError(f"patch_size {settings.patch_size} does not divide the image size {size}")
+        raise ConfigError(f"patch_size {settings.patch_size} does not divide the image size {size}")
     tokens = (size // settings.patch_size) ** 2 + 1
     slices = _chunks(len(x_eval), settings.eval_batch_size, settings.eval_batches)
     if not slices:
-        raise ValueError("eval_batch_size: fewer evaluation images than one batch")
+        raise ConfigError(
+            f"eval_batch_size: the {len(x_eval)} evaluation images are fewer than one batch "
+            f"({settings.eval_batch_size})"
+        )
 
     def loss_fn(model: nn.Module, batch: Any) -> Tensor:
         images, labels = batch

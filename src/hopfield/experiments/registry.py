@@ -53,9 +53,10 @@ class Experiment:
             raise ValueError(f"experiment {self.name!r}: presets {missing} are missing")
 
     def config(self, preset: str) -> Any:
-        """The configuration of ``preset`` (a fresh copy the caller may change)."""
+        """The configuration of ``preset`` (a fresh copy the caller may change); a
+        :class:`ConfigError` for an unknown preset."""
         if preset not in self.presets:
-            raise ValueError(f"preset must be one of {sorted(self.presets)}, got {preset!r}")
+            raise ConfigError(f"preset must be one of {sorted(self.presets)}, got {preset!r}")
         return replace(self.presets[preset])
 
 

@@ -33,7 +33,15 @@ from typing import Any
 
 import torch
 
-from hopfield.data.timeseries import ForecastSplits
+from hopfield.data.timeseries import DATASETS, ForecastSplits
+from hopfield.experiments.checks import (
+    check_choice,
+    check_int_items,
+    check_ints,
+    check_reals,
+    check_subset,
+    config_errors,
+)
 from hopfield.experiments.forecasting_common import (
     ForecastRecipe,
     evaluate,
@@ -42,7 +50,7 @@ from hopfield.experiments.forecasting_common import (
     save_run,
     train_forecaster,
 )
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.models.stanhop import ASSOCIATION_KINDS, Association, STanHopNet
 from hopfield.outliers import ActivationRecorder, quantize_w8a8
@@ -321,7 +329,10 @@ def measure(
 def _setting(raw: Sequence[Any]) -> Setting:
     """A setting tuple with its types (JSON overrides give lists)."""
     if len(raw) != 6:
-        raise ValueError(f"settings: each entry needs 6 fields, got {raw!r}")
+        raise ConfigError(
+            f"settings: each entry needs 6 fields (dataset, horizon, in_len, seg_len, lr, batch), "
+            f"got {raw!r}"
+        )
     dataset, horizon, in_len, seg_len, lr, batch = raw
     return str(dataset), int(horizon), int(in_len), int(seg_len), float(lr), int(batch)
 
@@ -346,17 +357,32 @@ def recipe(config: Config, lr: float, batch: int) -> ForecastRecipe:
     )
 
 
-def _check(config: Config) -> None:
-    unknown = [m for m in config.models if m not in ASSOCIATION_KINDS]
-    if unknown:
-        raise ValueError(f"models: unknown {unknown}; choose from {ASSOCIATION_KINDS}")
-    if config.device not in ("auto", "cpu"):
-        raise ValueError(f"device must be 'auto' or 'cpu', got {config.device!r}")
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_subset("models", config.models, ASSOCIATION_KINDS)
+    check_choice("device", config.device, ("auto", "cpu"))
+    check_ints(config, "seeds", "calibration_batches", "d_model", "d_ff", "num_heads", "e_layers")
+    check_ints(config, "factor", "win_size")
+    check_reals(config, "dropout", low=0.0, high=1.0, high_open=True)
+    if config.d_model % config.num_heads:
+        raise ConfigError(
+            f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})"
+        )
+    check_ints(config, "max_rows", minimum=3, optional=True)
+    if not config.settings:
+        raise ConfigError("settings must hold at least one (dataset, horizon, ...) entry")
+    recipe(config, 1e-3, 1)  # the training fields every setting shares
+    settings = [_setting(raw) for raw in config.settings]
+    for i, (dataset, horizon, in_len, seg_len, lr, batch) in enumerate(settings):
+        check_choice(f"settings[{i}] dataset", dataset, (*DATASETS, "synthetic"))
+        check_int_items(f"settings[{i}] horizon, in_len, seg_len", (horizon, in_len, seg_len))
+        with config_errors(f"settings[{i}] (its lr and batch): "):
+            recipe(config, lr, batch)
 
 
 def run(config: Config, ctx: RunContext) -> Results:
     """Train and measure every (setting, model, seed); resumable (``runs.json``, run folders)."""
-    _check(config)
+    check_config(config)
     runs: dict[str, Any] = ctx.load_json("runs.json") or {}
     jobs = [
         (_setting(setting), model, config.seed + s)

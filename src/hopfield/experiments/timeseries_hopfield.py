@@ -29,7 +29,14 @@ from typing import Any
 
 import torch
 
-from hopfield.data.timeseries import ForecastSplits
+from hopfield.data.timeseries import DATASETS, ForecastSplits
+from hopfield.experiments.checks import (
+    check_choice,
+    check_int_items,
+    check_ints,
+    check_reals,
+    check_subset,
+)
 from hopfield.experiments.forecasting_common import (
     ForecastRecipe,
     evaluate,
@@ -38,7 +45,7 @@ from hopfield.experiments.forecasting_common import (
     save_run,
     train_forecaster,
 )
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.structures import Dense, Structure
@@ -262,17 +269,28 @@ def recipe(config: Config) -> ForecastRecipe:
     )
 
 
-def _check(config: Config) -> None:
-    unknown = [m for m in config.models if m not in MODELS]
-    if unknown:
-        raise ValueError(f"models: unknown {unknown}; choose from {MODELS}")
-    if config.device not in ("auto", "cpu"):
-        raise ValueError(f"device must be 'auto' or 'cpu', got {config.device!r}")
+def check_config(config: Config) -> None:
+    """:class:`ConfigError` naming the first field ``config`` cannot run with."""
+    check_subset("models", config.models, MODELS)
+    check_choice("device", config.device, ("auto", "cpu"))
+    check_subset("datasets", config.datasets, (*DATASETS, "synthetic"))
+    check_choice("features", config.features, ("S", "M", "MS"))
+    check_int_items("horizons", config.horizons)
+    check_ints(config, "seeds", "d_model", "num_heads")
+    check_ints(config, "max_rows", minimum=3, optional=True)
+    check_ints(config, "random_features", optional=True)
+    check_reals(config, "scale", low=0.0, low_open=True)
+    check_reals(config, "dropout", low=0.0, high=1.0, high_open=True)
+    if config.d_model % config.num_heads:
+        raise ConfigError(
+            f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})"
+        )
+    recipe(config)  # ConfigError for the training fields
 
 
 def run(config: Config, ctx: RunContext) -> Results:
     """Train every (dataset, horizon, model, seed); resumable (``runs.json``, run folders)."""
-    _check(config)
+    check_config(config)
     runs: dict[str, Any] = ctx.load_json("runs.json") or {}
     settings = [
         (d, h, m, config.seed + s)
