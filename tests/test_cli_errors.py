@@ -97,6 +97,82 @@ def test_user_errors_are_one_line_and_status_2(
     assert "results.json is not a record of `hopfield run`" in line
 
 
+#: ``--set FIELD=VALUE`` an experiment cannot run with, at least one per family, and what the
+#: one-line error says (it names the field).
+BAD_SETTINGS: list[tuple[str, str, str]] = [
+    ("outliers", 'variants=["softmax2"]', "variants must be a non-empty subset of"),
+    ("outliers-bert", "dataset=synthetic", "dataset 'synthetic' is a causal-LM task: model "),
+    ("outliers-vit", "patch_size=3", "patch_size (3) must divide the 8-pixel images of digits"),
+    ("outliers-opt", "schedule=step", "schedule must be one of"),
+    ("timeseries-hopfield", "device=gpu", "device must be one of 'auto', 'cpu', got 'gpu'"),
+    ("timeseries-hopfield", 'datasets=["ETTh9"]', "datasets: unknown ['ETTh9']"),
+    ("timeseries-hopfield", "optimizer=sgd", "optimizer must be 'adam' or 'adamw', got 'sgd'"),
+    ("stanhop-outliers", 'models=["gsh2"]', "models: unknown ['gsh2']"),
+    (
+        "stanhop-outliers",
+        'settings=[["synthetic", 8, 24, 4, 0.001, 0]]',
+        "settings[0] (its lr and batch): batch_size must be an int >= 1, got 0",
+    ),
+    ("mil-mnist-bags", 'methods=["topk-0"]', "methods: 'topk-0' is not a pooling method"),
+    ("mil-mnist-bags", "source=svhn", "source must be one of 'mnist', 'digits', got 'svhn'"),
+    ("mil-benchmark", 'datasets=["musk9"]', "datasets: unknown ['musk9']"),
+    ("mil-bit-pattern", "num_bits=30", "num_bits must be in [1, 20], got 30"),
+    ("hyperset-images", "grid=3", "grid (3) must divide the 8-pixel images of digits"),
+    ("hyperset-images", 'models=["vit"]', "models: 'vit' is not a model"),
+    ("hyperset-mim", "dataset=svhn", "dataset must be one of"),
+    ("hyperset-sudoku", 'ablations=["fixed-9"]', "ablations: unknown ['fixed-9']"),
+    ("memory-capacity", 'queries=["blur"]', "queries: unknown ['blur']"),
+    ("memory-capacity", 'efficient_models=["topk-x"]', "efficient_models: unknown model"),
+    ("noise-robustness", "noise_stds=[-1]", "noise_stds[0] must be finite and >= 0, got -1"),
+    ("retrieval-demo", 'separations=["relu"]', "separations must be a non-empty subset of"),
+    ("convergence", 'datasets=["svhn"]', "datasets: unknown ['svhn']"),
+    ("convergence", "num_heads=3", "embed_dim (16) must be divisible by num_heads (3)"),
+    ("efficiency", 'models=["fast"]', "models: 'fast' is not a model"),
+    ("efficiency", "sizes=[1]", "sizes must hold one or more ints >= 2, got [1]"),
+]
+
+
+def test_a_bad_setting_is_one_line_naming_the_field_before_anything_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every experiment checks its configuration first: a ``--set`` value it cannot run with is
+    a ConfigError (one line, exit status 2) before any data is read or model trained."""
+    import hopfield.training
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a run with a bad setting started training")
+
+    monkeypatch.setattr(hopfield.training.Trainer, "__init__", no_training)
+    monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path / "no-data"))  # a data read would fail
+    for name, setting, expected in BAD_SETTINGS:
+        out = tmp_path / name
+        line = _fails(
+            ["run", name, "--preset", "tiny", "--out", str(out), "--set", setting], capsys
+        )
+        assert line.startswith("hopfield run: ") and expected in line, (setting, line)
+        assert setting.split("=")[0] in line, line
+        assert not [p for p in out.rglob("*") if p.is_file()], f"{name} wrote files"
+
+
+def test_every_preset_passes_its_experiments_config_check() -> None:
+    """The checks refuse only what an experiment cannot run: every preset (the paper ones too)
+    passes them."""
+    import importlib
+
+    from hopfield.experiments import all_experiments
+
+    checked = 0
+    for experiment in all_experiments():
+        module = importlib.import_module(experiment.run.__module__)
+        check = getattr(module, "check_config", None) or getattr(module, "resolve", None)
+        for preset in experiment.presets:
+            config = experiment.config(preset)  # configs that check in __post_init__: here
+            if check is not None:
+                check(config)
+                checked += 1
+    assert checked >= 40
+
+
 def _needs_data(config: _Config, ctx: RunContext) -> Results:
     locate(DataFile("absent/file.bin", "", "https://example.org/file.bin"), ctx.data_dir)
     raise AssertionError("unreachable")

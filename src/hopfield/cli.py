@@ -1,8 +1,9 @@
 """The ``hopfield`` command: list, run, reproduce and report experiments.
 
 A mistake in the input (an unknown experiment, preset or ``--set`` field, a value of the wrong
-type, a missing dataset or results folder) is one line on stderr and exit status 2, as argparse's
-own errors; Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
+type or one the experiment cannot run with (a :class:`ConfigError` from its configuration check,
+before it reads data or trains), a missing dataset or results folder) is one line on stderr and
+exit status 2, as argparse's own errors; Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
 command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
 """
 
