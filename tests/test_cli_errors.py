@@ -129,6 +129,11 @@ BAD_SETTINGS: list[tuple[str, str, str]] = [
     ("convergence", "num_heads=3", "embed_dim (16) must be divisible by num_heads (3)"),
     ("efficiency", 'models=["fast"]', "models: 'fast' is not a model"),
     ("efficiency", "sizes=[1]", "sizes must hold one or more ints >= 2, got [1]"),
+    ("outlier-formation", 'variants=["softmax2"]', "variants: unknown ['softmax2']"),
+    ("outlier-formation", "strategy=random", "strategy must be one of"),
+    ("outlier-formation", 'grid={"lr2": [1]}', "grid: 'lr2' is not a grid field"),
+    ("outlier-formation", 'arms={"a": {"lr2": 1}}', "arms: a: arms: ['lr2'] are not fields"),
+    ("outlier-formation", 'arms={"a": {"data": "wikitext-2"}}', "vocab_size must be >= 300"),
 ]
 
 

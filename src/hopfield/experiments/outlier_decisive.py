@@ -51,6 +51,7 @@ from hopfield.experiments.results import Results, RunContext, Table
 __all__ = [
     "ENDPOINTS",
     "GATE",
+    "REQUIRED_VARIANTS",
     "Endpoint",
     "Gate",
     "GateRule",
@@ -337,15 +338,18 @@ def arm_config(config: Config, overrides: Mapping[str, Any]) -> Config:
     return replace(config, arms={}, grid={}, **overrides)
 
 
-_REQUIRED = ("softmax", "softmax1", "gated")
+#: The variants the decisive test compares (its control pair and Softmax_1).
+REQUIRED_VARIANTS = ("softmax", "softmax1", "gated")
 _CONTROL = ("softmax", "gated")
 
 
 def run_arms(config: Config, ctx: RunContext) -> Results:
     """Run the decisive protocol over ``config.arms`` (see the module docstring)."""
-    missing = [v for v in _REQUIRED if v not in config.variants]
+    missing = [v for v in REQUIRED_VARIANTS if v not in config.variants]
     if missing:
-        raise ValueError(f"variants: the decisive test needs {list(_REQUIRED)}, missing {missing}")
+        raise ValueError(
+            f"variants: the decisive test needs {list(REQUIRED_VARIANTS)}, missing {missing}"
+        )
     arms = {name: arm_config(config, overrides) for name, overrides in config.arms.items()}
     for arm in arms.values():
         _data(arm, ctx.data_dir)  # data errors before any training

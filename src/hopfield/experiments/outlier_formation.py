@@ -54,7 +54,8 @@ import torch
 from torch import Tensor, nn
 
 from hopfield.data.synthetic_text import SyntheticSample, SyntheticText, generate
-from hopfield.experiments.registry import Experiment, register
+from hopfield.experiments.checks import check_choice, check_ints, check_subset, config_errors
+from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "GridPoint",
     "Verdict",
     "build",
+    "check_config",
     "confidence_interval",
     "evaluate",
     "grid_points",
@@ -1233,14 +1235,44 @@ def run(config: Config, ctx: RunContext) -> Results:
         torch.set_num_threads(threads)
 
 
-def _run(config: Config, ctx: RunContext) -> Results:
-    for variant in config.variants:
-        if variant not in VARIANT_NAMES:
-            raise ValueError(f"variants: {variant!r} is not one of {sorted(VARIANT_NAMES)}")
+def check_config(config: Config) -> None:
+    """:class:`~hopfield.experiments.registry.ConfigError` naming the field for a configuration
+    the experiment cannot run (before any data is read or anything trains); each decisive arm
+    and each grid point is checked as well."""
+    check_subset("variants", config.variants, VARIANT_NAMES)
     if not config.seeds:
-        raise ValueError("seeds must not be empty")
-    if not isinstance(config.workers, int) or config.workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {config.workers!r}")
+        raise ConfigError("seeds must not be empty")
+    check_ints(config, "workers")
+    check_ints(config, "threads", minimum=0)
+    check_choice("strategy", config.strategy, STRATEGIES)
+    check_choice("data", config.data, DATA_SOURCES)
+    if config.data == "wikitext-2" and config.vocab_size < 300:
+        raise ConfigError(
+            f"vocab_size must be >= 300 for the byte-level BPE of wikitext-2, got {config.vocab_size}"
+        )
+    if config.arms:
+        from hopfield.experiments.outlier_decisive import REQUIRED_VARIANTS, arm_config
+
+        missing = [v for v in REQUIRED_VARIANTS if v not in config.variants]
+        if missing:
+            raise ConfigError(
+                f"variants: the decisive test needs {list(REQUIRED_VARIANTS)}, missing {missing}"
+            )
+        if not isinstance(config.arms, Mapping):
+            raise ConfigError(f"arms must map arm names to overrides, got {config.arms!r}")
+        for name, overrides in config.arms.items():
+            with config_errors(f"arms: {name}: "):
+                check_config(arm_config(config, overrides))
+        return
+    if config.grid:
+        with config_errors():
+            points = grid_points(config)
+        for point in points:
+            check_config(point.config)
+
+
+def _run(config: Config, ctx: RunContext) -> Results:
+    check_config(config)
     if config.arms:
         from hopfield.experiments.outlier_decisive import run_arms
 
