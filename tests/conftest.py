@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,3 +31,22 @@ def shared_data() -> Path:
     if not root.is_dir():
         pytest.skip(f"real datasets not available: {root} does not exist (set $HOPFIELD_DATA)")
     return root
+
+
+@pytest.fixture
+def registered() -> Iterator[Callable[[str, Callable[[Any, Any], Any]], None]]:
+    """Registers stand-in experiments (a :class:`stubs.StubConfig` at every preset) for one
+    test; other tests see only the real ones."""
+    from hopfield.experiments.registry import Experiment, register, unregister
+    from stubs import StubConfig
+
+    names: list[str] = []
+
+    def add(name: str, run: Callable[[Any, Any], Any]) -> None:
+        presets = {p: StubConfig() for p in ("tiny", "small", "paper")}
+        register(Experiment(name, "test", presets, run))
+        names.append(name)
+
+    yield add
+    for name in names:
+        unregister(name)

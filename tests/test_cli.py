@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +11,16 @@ import pytest
 from hopfield.cli import main
 from hopfield.data import ChecksumError, DataFile, DataNotFoundError, locate
 from hopfield.experiments import (
-    Experiment,
     Results,
     RunContext,
     Table,
     get,
-    register,
     run_experiment,
 )
-from hopfield.experiments.registry import unregister
 from hopfield.experiments.results import mean_std
 from hopfield.experiments.runner import apply_overrides
 from hopfield.report import build_report
+from stubs import StubConfig
 
 
 def test_list_shows_the_retrieval_demo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,13 +98,7 @@ def test_bad_arguments() -> None:
         build_report(Path(__file__).parent)
 
 
-@dataclass
-class _Config:
-    seed: int = 0
-    steps: int = 4
-
-
-def _resumable(config: _Config, ctx: RunContext) -> Results:
+def _resumable(config: StubConfig, ctx: RunContext) -> Results:
     """Counts steps, checkpointing after each; a stopped run resumes where it left off."""
     state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
     for step in range(state["done"], config.steps):
@@ -118,20 +108,6 @@ def _resumable(config: _Config, ctx: RunContext) -> Results:
             (ctx.out_dir / "interrupted").touch()
             raise KeyboardInterrupt
     return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
-
-
-@pytest.fixture
-def registered() -> Iterator[Callable[[str, Callable[[_Config, RunContext], Results]], None]]:
-    """Registers test experiments for one test (other tests see only the real ones)."""
-    names: list[str] = []
-
-    def add(name: str, run: Callable[[_Config, RunContext], Results]) -> None:
-        register(Experiment(name, "test", {p: _Config() for p in ("tiny", "small", "paper")}, run))
-        names.append(name)
-
-    yield add
-    for name in names:
-        unregister(name)
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, registered: Any) -> None:
@@ -169,7 +145,7 @@ def test_data_files_are_located_and_verified(
         locate(DataFile("sub/g.txt", "", "https://example.org/g.txt"), tmp_path)
 
 
-def _needs_data(config: _Config, ctx: RunContext) -> Results:
+def _needs_data(config: StubConfig, ctx: RunContext) -> Results:
     from hopfield.data import DataFile, locate
 
     locate(DataFile("absent/file.bin", "", "https://example.org/file.bin"), tmp_root := ctx.out_dir)

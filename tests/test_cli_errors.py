@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,9 @@ import pytest
 
 from hopfield.cli import main
 from hopfield.data import DataFile, locate
-from hopfield.experiments import Experiment, Results, RunContext, Table, get, register
-from hopfield.experiments.registry import unregister
+from hopfield.experiments import Results, RunContext, Table, get
 from hopfield.experiments.runner import ConfigError, RunInterrupted, apply_overrides
-
-
-@dataclass
-class _Config:
-    seed: int = 0
-    steps: int = 4
-    rate: float = 0.5
-    names: tuple[str, ...] = ("a",)
-    label: str = "x"
+from stubs import StubConfig
 
 
 @dataclass
@@ -41,20 +31,6 @@ class _Checked:
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"size must be positive, got {self.size}")
-
-
-@pytest.fixture
-def registered() -> Iterator[Callable[[str, Callable[[Any, RunContext], Results]], None]]:
-    """Registers test experiments for one test (other tests see only the real ones)."""
-    names: list[str] = []
-
-    def add(name: str, run: Callable[[Any, RunContext], Results]) -> None:
-        register(Experiment(name, "test", {p: _Config() for p in ("tiny", "small", "paper")}, run))
-        names.append(name)
-
-    yield add
-    for name in names:
-        unregister(name)
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2) -> str:
@@ -178,7 +154,7 @@ def test_every_preset_passes_its_experiments_config_check() -> None:
     assert checked >= 40
 
 
-def _needs_data(config: _Config, ctx: RunContext) -> Results:
+def _needs_data(config: StubConfig, ctx: RunContext) -> Results:
     locate(DataFile("absent/file.bin", "", "https://example.org/file.bin"), ctx.data_dir)
     raise AssertionError("unreachable")
 
@@ -203,7 +179,7 @@ def test_a_missing_dataset_names_the_folder_and_how_to_set_it(
     assert f"data folder {tmp_path / 'env'}, from $HOPFIELD_DATA" in _fails(run, capsys)
 
 
-def _interrupted_once(config: _Config, ctx: RunContext) -> Results:
+def _interrupted_once(config: StubConfig, ctx: RunContext) -> Results:
     """Counts steps, checkpointing after each; Ctrl-C after the second step of the first run."""
     state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
     for step in range(state["done"], config.steps):
@@ -255,7 +231,7 @@ def test_the_run_function_interrupted_raises_run_interrupted(
     assert "interrupted; the run so far is in" in _fails(command, capsys, 130)
 
 
-def _buggy(config: _Config, ctx: RunContext) -> Results:
+def _buggy(config: StubConfig, ctx: RunContext) -> Results:
     raise ValueError("a bug inside the experiment")
 
 
@@ -267,13 +243,13 @@ def test_real_bugs_keep_their_traceback(tmp_path: Path, registered: Any) -> None
 
 def test_overrides_are_parsed_as_json_and_must_fit_the_field() -> None:
     config = apply_overrides(
-        _Config(), {"steps": "7", "rate": "1", "names": '["b", "c"]', "label": "2024"}
+        StubConfig(), {"steps": "7", "rate": "1", "names": '["b", "c"]', "label": "2024"}
     )
-    assert config == _Config(steps=7, rate=1.0, names=("b", "c"), label="2024")
+    assert config == StubConfig(steps=7, rate=1.0, names=("b", "c"), label="2024")
     assert isinstance(config.rate, float)
     for bad in ({"steps": "1.5"}, {"steps": "true"}, {"names": '"b"'}, {"rate": '"fast"'}):
         with pytest.raises(ConfigError, match="does not fit the field's type"):
-            apply_overrides(_Config(), bad)
+            apply_overrides(StubConfig(), bad)
     with pytest.raises(ConfigError, match="size must be positive, got 0"):
         apply_overrides(_Checked(), {"size": "0"})
 

@@ -49,7 +49,7 @@ from hopfield.experiments.checks import (
     check_subset,
 )
 from hopfield.experiments.registry import ConfigError, Experiment, register
-from hopfield.experiments.results import Results, RunContext, Table, mean_std
+from hopfield.experiments.results import Results, RunContext, Table, mean_std, with_threads
 from hopfield.functional import Entmax, Polynomial, Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
@@ -691,20 +691,6 @@ def as_verdict(row: list[Any]) -> list[Any]:
     if isinstance(row[3], bool):
         return [*row[:3], "holds" if row[3] else "does not hold"]
     return row
-
-
-def with_threads(threads: int | None, fn: Callable[[], Results]) -> Results:
-    """``fn()`` with ``threads`` torch CPU threads (restored afterwards; ``None``: unchanged)."""
-    if threads is None:
-        return fn()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 def check_study(config: RetrievalStudy) -> None:

@@ -27,10 +27,9 @@ from hopfield.experiments.memory_capacity import (
     points_table,
     select,
     sweep,
-    with_threads,
 )
 from hopfield.experiments.registry import Experiment, register
-from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.experiments.results import Results, RunContext, Table, with_threads
 
 
 @dataclass

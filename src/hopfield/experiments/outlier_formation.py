@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from hopfield.data.synthetic_text import SyntheticSample, SyntheticText, generate
 from hopfield.experiments.checks import check_choice, check_ints, check_subset, config_errors
 from hopfield.experiments.registry import ConfigError, Experiment, register
-from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.experiments.results import Results, RunContext, Table, with_threads
 
 __all__ = [
     "PAPER_OPT",
@@ -1226,13 +1226,7 @@ def _curve_figure(
 
 def run(config: Config, ctx: RunContext) -> Results:
     """Search the grid, then compare the variants under the recipe (see the module docstring)."""
-    threads = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    try:
-        return _run(config, ctx)
-    finally:
-        torch.set_num_threads(threads)
+    return with_threads(config.threads, lambda: _run(config, ctx))
 
 
 def check_config(config: Config) -> None:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from hopfield.experiments.registry import ConfigError, Experiment, register
-from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.experiments.results import Results, RunContext, Table, with_threads
 from hopfield.functional import Separation, Softmax, SoftmaxN, Sparsemax
 from hopfield.memory import retrieve
 
@@ -183,13 +183,7 @@ def sweep(
 
 def run(config: Config, ctx: RunContext) -> Results:
     check_config(config)
-    threads = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    try:
-        return _run(config, ctx)
-    finally:
-        torch.set_num_threads(threads)
+    return with_threads(config.threads, lambda: _run(config, ctx))
 
 
 def _run(config: Config, ctx: RunContext) -> Results:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from hopfield.experiments.registry import Experiment, register
-from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.experiments.results import Results, RunContext, Table, with_threads
 from hopfield.functional import Separation, Softmax, SoftmaxN
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.energy import DenseEnergy, OutEffEnergy
@@ -982,12 +982,7 @@ def draw_figure(path: str, trials: list[SparseTrials], table: Table) -> None:
 
 def run(config: Config, ctx: RunContext) -> Results:
     """Run every check and return the pass/fail table, the Top-K and capacity tables."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
-        return _run(config, ctx)
-    finally:
-        torch.set_num_threads(threads)
+    return with_threads(config.threads, lambda: _run(config, ctx))
 
 
 def _run(config: Config, ctx: RunContext) -> Results:
