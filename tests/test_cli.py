@@ -20,7 +20,7 @@ from hopfield.experiments import (
 from hopfield.experiments.results import mean_std
 from hopfield.experiments.runner import apply_overrides
 from hopfield.report import build_report
-from stubs import StubConfig
+from stubs import StubConfig, interrupted_once
 
 
 def test_list_shows_the_retrieval_demo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,20 +98,8 @@ def test_bad_arguments() -> None:
         build_report(Path(__file__).parent)
 
 
-def _resumable(config: StubConfig, ctx: RunContext) -> Results:
-    """Counts steps, checkpointing after each; a stopped run resumes where it left off."""
-    state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
-    for step in range(state["done"], config.steps):
-        state = {"done": step + 1, "log": [*state["log"], step]}
-        ctx.save_json("checkpoint.json", state)
-        if step == 1 and not (ctx.out_dir / "interrupted").exists():
-            (ctx.out_dir / "interrupted").touch()
-            raise KeyboardInterrupt
-    return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
-
-
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, registered: Any) -> None:
-    registered("test-resume", _resumable)
+    registered("test-resume", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         run_experiment("test-resume", "tiny", tmp_path, progress=False)
     path = run_experiment("test-resume", "tiny", tmp_path, progress=False)

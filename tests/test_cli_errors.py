@@ -18,9 +18,9 @@ import pytest
 
 from hopfield.cli import main
 from hopfield.data import DataFile, locate
-from hopfield.experiments import Results, RunContext, Table, get
+from hopfield.experiments import Results, RunContext, get
 from hopfield.experiments.runner import ConfigError, RunInterrupted, apply_overrides
-from stubs import StubConfig
+from stubs import StubConfig, interrupted_once
 
 
 @dataclass
@@ -179,22 +179,10 @@ def test_a_missing_dataset_names_the_folder_and_how_to_set_it(
     assert f"data folder {tmp_path / 'env'}, from $HOPFIELD_DATA" in _fails(run, capsys)
 
 
-def _interrupted_once(config: StubConfig, ctx: RunContext) -> Results:
-    """Counts steps, checkpointing after each; Ctrl-C after the second step of the first run."""
-    state = ctx.load_json("checkpoint.json") or {"done": 0, "log": []}
-    for step in range(state["done"], config.steps):
-        state = {"done": step + 1, "log": [*state["log"], step]}
-        ctx.save_json("checkpoint.json", state)
-        if step == 1 and not (ctx.out_dir / "interrupted").exists():
-            (ctx.out_dir / "interrupted").touch()
-            raise KeyboardInterrupt
-    return Results(tables=[Table("log", ["step"], [[s] for s in state["log"]])])
-
-
 def test_ctrl_c_says_where_the_run_stopped_and_the_same_command_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], registered: Any
 ) -> None:
-    registered("test-ctrl-c", _interrupted_once)
+    registered("test-ctrl-c", interrupted_once)
     command = ["run", "test-ctrl-c", "--out", str(tmp_path), "--no-progress"]
     line = _fails(command, capsys, status=130)
     assert line == (

@@ -536,6 +536,24 @@ def resolve(config: Config) -> list[ModelSettings]:
     return resolved
 
 
+def _optimiser(settings: ModelSettings) -> dict[str, Any]:
+    """The :class:`~hopfield.training.TrainingConfig` fields a model's settings choose (all
+    but the step count and the seed)."""
+    return dict(
+        batch_size=settings.batch_size,
+        micro_batch_size=settings.micro_batch_size,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        schedule=settings.schedule,
+        warmup_steps=settings.warmup_steps,
+        warmup_start_ratio=settings.warmup_start_ratio,
+        min_lr_ratio=settings.min_lr_ratio,
+        grad_clip=settings.grad_clip,
+        decay_norm_weights=settings.decay_norm_weights,
+        mixed_precision=settings.mixed_precision,
+    )
+
+
 def _check_settings(settings: ModelSettings) -> None:
     """:class:`ConfigError` naming the first field (an override of the study's
     :class:`Config`) one model family cannot run with."""
@@ -578,20 +596,7 @@ def _check_settings(settings: ModelSettings) -> None:
     if settings.percentile is not None:
         check_reals(settings, "percentile", low=0.0, high=100.0, low_open=True)
     with config_errors():  # the optimiser's fields, as the Trainer will check them
-        TrainingConfig(
-            max_steps=settings.steps,
-            batch_size=settings.batch_size,
-            micro_batch_size=settings.micro_batch_size,
-            lr=settings.lr,
-            weight_decay=settings.weight_decay,
-            schedule=settings.schedule,
-            warmup_steps=settings.warmup_steps,
-            warmup_start_ratio=settings.warmup_start_ratio,
-            min_lr_ratio=settings.min_lr_ratio,
-            grad_clip=settings.grad_clip,
-            decay_norm_weights=settings.decay_norm_weights,
-            mixed_precision=settings.mixed_precision,
-        )
+        TrainingConfig(max_steps=settings.steps, **_optimiser(settings))
 
 
 def _architecture(settings: ModelSettings) -> dict[str, Any]:
@@ -643,17 +648,7 @@ def _train_and_evaluate(
     steps = settings.steps
     training = ctx.training_config(
         max_steps=steps,
-        batch_size=settings.batch_size,
-        micro_batch_size=settings.micro_batch_size,
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        schedule=settings.schedule,
-        warmup_steps=settings.warmup_steps,
-        warmup_start_ratio=settings.warmup_start_ratio,
-        min_lr_ratio=settings.min_lr_ratio,
-        grad_clip=settings.grad_clip,
-        decay_norm_weights=settings.decay_norm_weights,
-        mixed_precision=settings.mixed_precision,
+        **_optimiser(settings),
         seed=train_seed,
         checkpoint_every=config.checkpoint_every or (min(steps // 4, 5000) if steps >= 100 else 0),
         log_every=config.log_every or max(1, steps // 50),
