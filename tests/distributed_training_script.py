@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hopfield.training import Trainer, TrainingConfig
+from hopfield.training import Trainer, TrainingConfig, leave_process_group
 
 
 def examples(n: int = 64) -> list[tuple[Tensor, Tensor]]:
@@ -78,9 +78,7 @@ def main(out: Path, micro_batch: int, until_step: int | None) -> None:
             "first_draws": first_draws,
         }
         (out / "result.json").write_text(json.dumps(summary))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    leave_process_group(exit_status=0)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from hopfield.training import (
     Trainer,
     TrainingConfig,
     latest_checkpoint,
+    leave_process_group,
     lr_factor,
     parameter_groups,
     read_log,
@@ -427,3 +428,9 @@ def test_schedule_callable_optimizer_choice_and_stop_after(tmp_path: Path) -> No
     result = run.fit()
     assert [r["lr"] for r in result.log] == [0.5, 0.25, 0.125, 0.0625]
     assert result.step == 4 and not result.finished
+
+
+def test_leave_process_group_does_nothing_in_one_process() -> None:
+    # a single process has no group to leave, and must not be ended (os._exit) by the call
+    assert not torch.distributed.is_initialized()
+    assert leave_process_group(exit_status=3) is None

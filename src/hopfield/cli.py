@@ -20,7 +20,7 @@ from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import ConfigError, reproduce, run_experiment
 from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
-from hopfield.training import process_layout
+from hopfield.training import leave_process_group, process_layout
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
@@ -285,7 +285,7 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     if process_layout()[0] == 0:
         print(f"results: {path}")
         print(f"report:  {build_report(path.parent)}")
-    _leave_process_group()
+    leave_process_group(exit_status=0)
     return 0
 
 
@@ -299,13 +299,15 @@ def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> 
         progress=not args.no_progress,
         only=args.only,
     )
-    for path in paths:
-        print(f"results: {path}")
-    for name, reason in skipped.items():
-        print(f"skipped: {name}: {reason}")
-    if find_records(Path(args.out)):  # none when every experiment was skipped
-        print(f"report:  {build_report(args.out)}")
-    print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
+    if process_layout()[0] == 0:
+        for path in paths:
+            print(f"results: {path}")
+        for name, reason in skipped.items():
+            print(f"skipped: {name}: {reason}")
+        if find_records(Path(args.out)):  # none when every experiment was skipped
+            print(f"report:  {build_report(args.out)}")
+        print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
+    leave_process_group(exit_status=0)
     return 0
 
 
@@ -378,16 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.command,
             f"interrupted; the run so far is in {folder}, and the same command resumes it",
         )
-
-
-def _leave_process_group() -> None:
-    """Destroy the process group of a multi-process run before the interpreter exits (gloo's
-    threads torn down at exit can abort the process after its work is done)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -63,11 +63,13 @@ different dropout and masks (process 0, and so a 1-process run, keeps the caller
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
 import re
 import shutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -89,6 +91,7 @@ __all__ = [
     "Trainer",
     "TrainingConfig",
     "latest_checkpoint",
+    "leave_process_group",
     "lr_factor",
     "parameter_groups",
     "process_layout",
@@ -462,6 +465,33 @@ def process_layout() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def leave_process_group(*, exit_status: int | None = None) -> None:
+    """End a multi-process run: wait for every process, destroy the default process group and,
+    when ``exit_status`` is given, end this process at once with that status. Does nothing in a
+    single process.
+
+    Ending at once (``os._exit`` after flushing stdout, stderr and logging) skips the
+    interpreter's finalisation, which a gloo group can abort (torch 2.13): once a
+    ``DistributedDataParallel`` wrapper has been built, its reducer keeps the group and its
+    worker threads alive after ``destroy_process_group``, and a worker that frees a finished
+    collective while the interpreter finalises cannot take the GIL and calls ``std::terminate``
+    ("terminate called without an active exception", about one run in 100). Call it last, after
+    every file of the run is written and closed.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    if exit_status is None:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(exit_status)
 
 
 def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
