@@ -274,7 +274,7 @@ def test_torch_compile_smoke() -> None:
     ("make", "error", "match"),
     [
         (lambda: Hopfield(10, 3), ValueError, "divisible by num_heads"),
-        (lambda: Hopfield(0), ValueError, "input_size must be a positive int"),
+        (lambda: Hopfield(0), ValueError, "input_size must be an int >= 1"),
         (lambda: Hopfield(8, update_steps=0), ValueError, "update_steps"),
         (lambda: Hopfield(8, dropout=1.0), ValueError, "dropout"),
         (lambda: Hopfield(8, scale=-1.0), ValueError, "scale must be positive"),

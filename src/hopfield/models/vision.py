@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from hopfield._validation import check_int
 from hopfield.functional import Separation
 from hopfield.nn.hopfield import Hopfield
 
@@ -43,14 +44,6 @@ __all__ = [
     "num_patches",
     "vision_hopfield_parameters",
 ]
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
 
 
 def _dropout(value: Any) -> float:
@@ -89,10 +82,10 @@ class PatchEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.image_size = _positive("image_size", image_size)
-        self.in_channels = _positive("in_channels", in_channels)
-        self.patch_size = _positive("patch_size", patch_size)
-        self.embed_dim = _positive("embed_dim", embed_dim)
+        self.image_size = check_int("image_size", image_size)
+        self.in_channels = check_int("in_channels", in_channels)
+        self.patch_size = check_int("patch_size", patch_size)
+        self.embed_dim = check_int("embed_dim", embed_dim)
         self.num_patches = num_patches(image_size, patch_size)
         self.pad = -image_size % patch_size
         self.proj = nn.Conv2d(
@@ -147,9 +140,9 @@ class HopfieldBlock(nn.Module):
     ) -> None:
         super().__init__()
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        _positive("embed_dim", embed_dim)
-        _positive("num_heads", num_heads)
-        _positive("mlp_dim", mlp_dim)
+        check_int("embed_dim", embed_dim)
+        check_int("num_heads", num_heads)
+        check_int("mlp_dim", mlp_dim)
         if not isinstance(separation, Separation):
             raise TypeError(f"separation must be a Separation, got {type(separation).__name__}")
         self.norm1 = nn.LayerNorm(embed_dim, **factory)
@@ -215,8 +208,8 @@ class VisionHopfield(nn.Module):
     ) -> None:
         super().__init__()
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.num_classes = _positive("num_classes", num_classes)
-        _positive("depth", depth)
+        self.num_classes = check_int("num_classes", num_classes)
+        check_int("depth", depth)
         if not isinstance(separation, Separation):
             raise TypeError(f"separation must be a Separation, got {type(separation).__name__}")
         self.patches = PatchEmbedding(image_size, in_channels, patch_size, embed_dim, **factory)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from hopfield._validation import (
+    check_int,
     check_mask,
     check_patterns,
     check_real,
@@ -42,12 +43,6 @@ class HopfieldOutput(NamedTuple):
     output: Tensor
     weights: Tensor | None
     heads: Tensor | None
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _mha_masks_to_allowed(
@@ -161,11 +156,11 @@ class Hopfield(nn.Module):
     ) -> None:
         super().__init__()
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.input_size = _positive("input_size", input_size)
-        self.num_heads = _positive("num_heads", num_heads)
-        self.stored_size = _positive("stored_size", stored_size or input_size)
-        self.state_size = _positive("state_size", state_size or input_size)
-        self.projection_size = _positive("projection_size", projection_size or input_size)
+        self.input_size = check_int("input_size", input_size)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.stored_size = check_int("stored_size", stored_size or input_size)
+        self.state_size = check_int("state_size", state_size or input_size)
+        self.projection_size = check_int("projection_size", projection_size or input_size)
         self.static = bool(static)
         if self.static:
             self._check_static(hidden_size, pattern_size, output_size, tie_values_to_keys)
@@ -179,10 +174,10 @@ class Hopfield(nn.Module):
                     "unless hidden_size is given"
                 )
             hidden_size = input_size // num_heads
-        self.hidden_size = _positive("hidden_size", hidden_size)
-        self.pattern_size = _positive("pattern_size", pattern_size or self.hidden_size)
-        self.output_size = _positive("output_size", output_size or input_size)
-        self.update_steps = _positive("update_steps", update_steps)
+        self.hidden_size = check_int("hidden_size", hidden_size)
+        self.pattern_size = check_int("pattern_size", pattern_size or self.hidden_size)
+        self.output_size = check_int("output_size", output_size or input_size)
+        self.update_steps = check_int("update_steps", update_steps)
         update_eps = check_real("update_eps", update_eps, low=0.0)
         dropout = check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.update_eps, self.dropout, self.batch_first = update_eps, dropout, batch_first
@@ -472,7 +467,7 @@ class HopfieldPooling(nn.Module):
 
     def __init__(self, input_size: int, quantity: int = 1, **kwargs: Any) -> None:
         super().__init__()
-        self.quantity = _positive("quantity", quantity)
+        self.quantity = check_int("quantity", quantity)
         self.hopfield = self.association(input_size, **kwargs)
         factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.state_patterns = nn.Parameter(
@@ -535,7 +530,7 @@ class HopfieldLayer(nn.Module):
         self, input_size: int, quantity: int, *, separate_targets: bool = False, **kwargs: Any
     ) -> None:
         super().__init__()
-        self.quantity = _positive("quantity", quantity)
+        self.quantity = check_int("quantity", quantity)
         self.hopfield = self.association(input_size, **kwargs)
         factory = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.stored_patterns = nn.Parameter(
