@@ -3,7 +3,8 @@
 A mistake in the input (an unknown experiment, preset or ``--set`` field, a value of the wrong
 type or one the experiment cannot run with (a :class:`ConfigError` from its configuration check,
 before it reads data or trains), a missing dataset or results folder) is one line on stderr and
-exit status 2, as argparse's own errors; Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
+exit status 2, as argparse's own errors; so is a command that needs a package of an extra the
+install lacks (the line names the extra: ``pip install "hopfield[experiments]"``); Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
 command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
 """
 
@@ -25,6 +26,22 @@ from hopfield.training import leave_process_group, process_layout
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 
+#: Optional packages the commands import, as ``{module: (pip name, extra that installs it)}``;
+#: a command that imports one the install lacks names the extra in its one-line error.
+#: ``experiments`` holds everything ``hopfield run``/``reproduce``/``claims``/``plan`` need.
+OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
+    "accelerate": ("accelerate", "experiments"),
+    "tqdm": ("tqdm", "experiments"),
+    "transformers": ("transformers", "experiments"),
+    "tokenizers": ("tokenizers", "experiments"),
+    "scipy": ("scipy", "experiments"),
+    "sklearn": ("scikit-learn", "experiments"),
+    "matplotlib": ("matplotlib", "experiments"),
+    "pandas": ("pandas", "experiments"),
+    "PIL": ("pillow", "experiments"),
+    "datasets": ("datasets", "corpora"),
+}
+
 
 class UsageError(Exception):
     """A mistake in the command's input, reported as one line (exit status 2)."""
@@ -40,6 +57,30 @@ class CommandExit(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+def missing_extra(error: BaseException) -> tuple[str, str] | None:
+    """``(pip name, extra)`` of the optional package whose absence caused ``error`` (an
+    ``ImportError`` or one raised from it), ``None`` when it is no package of an extra."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            found = OPTIONAL_MODULES.get(current.name.partition(".")[0])
+            if found is not None:
+                return found
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _missing_extra_line(args: argparse.Namespace, package: str, extra: str) -> str:
+    name = getattr(args, "name", None)
+    who = f"{name} needs" if name else "needs"
+    return (
+        f'{who} {package}, which this install lacks: pip install "hopfield[{extra}]" '
+        f'(in a checkout: pip install -e ".[{extra}]")'
+    )
 
 
 def _one_line(text: str) -> str:
@@ -371,6 +412,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args, argv)
     except (UsageError, ConfigError, DataNotFoundError, ChecksumError) as error:
         _exit(USAGE_ERROR, args.command, str(error))
+    except ImportError as error:
+        missing = missing_extra(error)
+        if missing is None:
+            raise
+        _exit(USAGE_ERROR, args.command, _missing_extra_line(args, *missing))
     except KeyboardInterrupt as stop:
         folder = _stopped_in(args, stop)
         if folder is None:

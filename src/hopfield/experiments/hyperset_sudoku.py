@@ -22,10 +22,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -524,6 +520,11 @@ def _report(
 def _figures(
     ctx: RunContext, results: dict[str, dict[str, Any]], analysis: list[dict[str, float]], L: int
 ) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = []
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, r in results.items():
