@@ -1,5 +1,6 @@
 """Installs that run what they promise: the extras of pyproject.toml and commands on an install
-that lacks an extra (one line naming it, exit status 2). A missing package is simulated by ``sys.modules[name] = None`` in a child process,
+that lacks an extra (one line naming it, exit status 2), ``hopfield --version`` and ``python -m
+hopfield``. A missing package is simulated by ``sys.modules[name] = None`` in a child process,
 which makes every import of it fail as if it were not installed."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,35 @@ def test_missing_extra_follows_the_cause_and_ignores_other_modules() -> None:
     with pytest.raises(ModuleNotFoundError) as stop:
         import a_module_no_extra_holds  # noqa: F401
     assert missing_extra(stop.value) is None
+
+
+def test_version_flag(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hopfield", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"hopfield {version('hopfield')}\n"
+
+
+def test_python_m_hopfield_is_the_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hopfield", "list"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "retrieval-demo" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "hopfield", "run", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2 and "unknown experiment 'nope'" in bad.stderr

@@ -121,10 +121,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _installed_version() -> str:
+    """The version of the installed distribution (its metadata), else the package's own."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hopfield")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        import hopfield
+
+        return hopfield.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hopfield", description="Modern Hopfield networks: experiments and reports."
     )
+    parser.add_argument("--version", action="version", version=f"hopfield {_installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("list", help="list the registered experiments")
