@@ -36,6 +36,7 @@ from hopfield.integrations import (
     configure_attention,
     load_model,
 )
+from hopfield.integrations.auto import AUTO_CLASSES
 
 TINY: dict[str, dict[str, Any]] = {
     "bert": dict(
@@ -251,3 +252,89 @@ def test_bad_hopfield_attention_in_config_json_is_refused(tmp_path: Any) -> None
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="needs gamma and zeta"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+# --- load_model: the saved class, its key renames, and no silent mismatch ---------------------
+
+FAMILY_OF_STOCK = {
+    stock: family for family, autos in AUTO_CLASSES.items() for stock in autos.values()
+}
+
+
+def built(family: str, variant: str, stock: str | None = None) -> nn.Module:
+    """A tiny model of ``family`` with ``variant``: the family's default class, or the (hopfield or
+    stock) class of ``stock`` built from the same config."""
+    model = build_model(family, variant, **TINY[family])
+    if stock is not None:
+        cls = MODEL_CLASSES[stock] if variant in VARIANTS else getattr(transformers, stock)
+        torch.manual_seed(0)
+        model = cls(model.config)
+    return trained_looking(model)
+
+
+@pytest.mark.parametrize("variant", [*sorted(VARIANTS), "sdpa"])
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_load_model_round_trip_every_family_and_variant(
+    tmp_path: Any, family: str, variant: str
+) -> None:
+    model = built(family, variant)
+    model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path).eval()  # strict: any missing/unexpected key would raise
+    assert type(loaded) is type(model)
+    assert loaded.config._attn_implementation == variant
+    assert_same_state(loaded, model)
+    batch = inputs(family)
+    assert torch.equal(outputs(loaded, batch), outputs(model, batch))
+
+
+@pytest.mark.parametrize("hopfield", [True, False], ids=["gated_clipped_softmax1", "sdpa"])
+@pytest.mark.parametrize("stock", sorted(FAMILY_OF_STOCK))
+def test_load_model_keeps_every_saved_class(tmp_path: Any, stock: str, hopfield: bool) -> None:
+    # every class of the Auto classes, hopfield and stock: a saved BertModel is no BertForMaskedLM,
+    # and a HopfieldViTModel is saved with ViTModel's renamed keys (encoder.layer.*)
+    family = FAMILY_OF_STOCK[stock]
+    model = built(family, "gated_clipped_softmax1" if hopfield else "sdpa", stock)
+    model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path)
+    assert type(loaded) is type(model)
+    assert type(loaded).__name__ == ("Hopfield" if hopfield else "") + stock
+    assert_same_state(loaded, model)
+
+
+def test_hopfield_vit_base_model_uses_vit_key_renames(tmp_path: Any) -> None:
+    from safetensors import safe_open
+
+    classifier = built("vit", "gated")
+    classifier.save_pretrained(tmp_path / "head")
+    with safe_open(str(tmp_path / "head" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert any(k.startswith("vit.encoder.layer.0.attention.gate.") for k in keys)
+    base, info = AutoModel.from_pretrained(tmp_path / "head", output_loading_info=True)
+    assert type(base).__name__ == "HopfieldViTModel"
+    assert info["missing_keys"] == {"pooler.dense.weight", "pooler.dense.bias"}  # only the head
+    assert info["unexpected_keys"] == {"classifier.weight", "classifier.bias"}
+    encoder = {k: v for k, v in classifier.vit.state_dict().items() if not k.startswith("pooler")}
+    assert all(torch.equal(base.state_dict()[k], v) for k, v in encoder.items())
+    base.save_pretrained(tmp_path / "base")
+    with safe_open(str(tmp_path / "base" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert any(k.startswith("encoder.layer.0.attention.gate.") for k in keys)
+
+
+def test_load_model_reports_missing_and_unexpected_weights(tmp_path: Any) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model = built("bert", "gated")
+    model.save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    gate = next(k for k in weights if ".gate." in k)
+    weights["bert.surplus"] = torch.zeros(2)
+    del weights[gate]
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing keys: .*\.gate\..*unexpected keys: .*surplus"):
+        load_model(tmp_path)
+    with pytest.warns(UserWarning, match="missing weights are newly initialised"):
+        loaded = load_model(tmp_path, strict=False)
+    assert type(loaded) is type(model)
+    with pytest.raises(TypeError, match="output_loading_info"):
+        load_model(tmp_path, output_loading_info=True)

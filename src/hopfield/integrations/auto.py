@@ -188,11 +188,39 @@ def family_of(config: Any) -> str | None:
     return _FAMILY_OF_MODEL_TYPE.get(str(model_type))
 
 
+def _register_key_renames() -> None:
+    """Give each hopfield model class the checkpoint key renames of its stock class.
+
+    ``transformers`` 5 renames weights between a model's modules and its checkpoint by class name
+    (or ``model_type``), e.g. ``ViTModel``'s ``layers.*`` are saved as ``encoder.layer.*``. It skips
+    classes defined outside ``transformers`` unless their names are registered, so without this a
+    ``HopfieldViTModel`` saves and expects other keys than a ``ViTModel``, and a
+    ``HopfieldViTForImageClassification`` checkpoint (whose inner ``ViTModel`` is renamed) does not
+    load into it. The renames are looked up, not copied: whatever ``transformers`` version is
+    installed defines them.
+    """
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
+
+    for stock, cls in MODEL_CLASSES.items():
+        renames = get_checkpoint_conversion_mapping(stock)
+        if renames is None:
+            renames = get_checkpoint_conversion_mapping(
+                getattr(transformers, stock).config_class.model_type
+            )
+        if renames is not None:
+            register_checkpoint_conversion_mapping(cls.__name__, renames, overwrite=True)
+
+
 def register_auto_classes() -> None:
-    """Register the hopfield configs with ``AutoConfig`` and the models with their Auto classes
-    (:data:`AUTO_CLASSES`); idempotent."""
+    """Register the hopfield configs with ``AutoConfig``, the models with their Auto classes
+    (:data:`AUTO_CLASSES`) and the stock classes' checkpoint key renames for the hopfield
+    classes; idempotent."""
     for family, autos in AUTO_CLASSES.items():
         config_class: Any = CONFIG_CLASSES[family]
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         for auto, stock in autos.items():
             getattr(transformers, auto).register(config_class, MODEL_CLASSES[stock], exist_ok=True)
+    _register_key_renames()

@@ -175,15 +175,26 @@ def build_model(
     return model_class(cfg)
 
 
-def load_model(path: str | Path, **kwargs: Any) -> nn.Module:
-    """Load a model saved with ``save_pretrained``, whatever its Auto class.
+def load_model(path: str | Path, *, strict: bool = True, **kwargs: Any) -> nn.Module:
+    """Load a model saved with ``save_pretrained`` as the class it was saved from.
 
     A convenience: checkpoints of hopfield models (``model_type`` ``"hopfield_bert"``,
     ``"hopfield_opt"``, ``"hopfield_vit"``) load as well with the matching
     ``transformers.AutoModel*.from_pretrained`` once :mod:`hopfield.integrations` is imported.
-    ``load_model`` picks the class named in ``config.json`` (``architectures``) and passes
-    ``kwargs`` on to its ``from_pretrained``. A stock BERT/OPT/ViT checkpoint loads as the stock
-    class.
+    ``load_model`` picks the class named in ``config.json`` (``architectures``: a saved
+    ``BertModel`` comes back as a ``BertModel``, a ``HopfieldViTModel`` as a ``HopfieldViTModel``)
+    and passes ``kwargs`` on to its ``from_pretrained``. A stock BERT/OPT/ViT checkpoint loads as
+    the stock class. Checkpoint keys are renamed as ``transformers`` renames them for the stock
+    class (e.g. ViT's ``encoder.layer.*`` ↔ ``layers.*``, see
+    :func:`hopfield.integrations.auto.register_auto_classes`).
+
+    Args:
+        path: the directory written by ``save_pretrained``.
+        strict: a checkpoint whose weights do not match the model (missing, unexpected or
+            mismatched keys, loader errors) raises ``ValueError`` listing them; ``False``
+            warns (``UserWarning``) and returns the model with the missing weights initialised.
+        **kwargs: passed to ``from_pretrained`` (not ``output_loading_info``: the loading info
+            is checked here).
 
     Checkpoints saved before the hopfield model types existed (``model_type`` ``"bert"``/``"opt"``/
     ``"vit"`` with ``hopfield_attention`` in ``config.json``) are still read, into the hopfield
@@ -234,7 +245,24 @@ def load_model(path: str | Path, **kwargs: Any) -> nn.Module:
         model_class = MODEL_CLASSES[stock]
     else:
         raise ValueError(f"path: no hopfield class for the architecture {architectures[0]!r}")
-    return model_class.from_pretrained(path, **kwargs)
+    if "output_loading_info" in kwargs:
+        raise TypeError(
+            "load_model checks the loading info itself (strict=True raises on missing or "
+            "unexpected weights, strict=False warns): do not pass output_loading_info"
+        )
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    problems = {key: sorted(map(str, found)) for key, found in info.items() if found}
+    if problems:
+        listed = "; ".join(
+            f"{key.replace('_', ' ')}: {', '.join(v)}" for key, v in problems.items()
+        )
+        message = f"{path}: the checkpoint does not match {model_class.__name__} ({listed})" + (
+            "" if strict else "; the missing weights are newly initialised"
+        )
+        if strict:
+            raise ValueError(message + " (strict=False loads it anyway, with a warning)")
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return model
 
 
 def paper_parameter_count(model: nn.Module) -> int:
