@@ -218,6 +218,24 @@ def _explicit(
     return torch.matmul(dropped, value), weights
 
 
+def _repeat_kv(query: Tensor, states: Tensor) -> Tensor:
+    """Grouped-query attention: repeat each of the ``Hkv`` key/value heads ``H / Hkv`` times,
+    ``(B, Hkv, S, E) → (B, H, S, E)``, so query head ``h`` reads key/value head ``h // (H / Hkv)``
+    (``transformers``' ``repeat_kv``, i.e. ``repeat_interleave`` over the heads)."""
+    heads, kv_heads = query.shape[1], states.shape[1]
+    if kv_heads == heads:
+        return states
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"grouped-query attention needs the query heads ({heads}) to be a multiple of the "
+            f"key/value heads ({kv_heads})"
+        )
+    batch, _, length, width = states.shape
+    groups = heads // kv_heads
+    expanded = states[:, :, None].expand(batch, kv_heads, groups, length, width)
+    return expanded.reshape(batch, heads, length, width)
+
+
 def attention_forward(
     variant: str,
     module: nn.Module,
@@ -235,17 +253,31 @@ def attention_forward(
     Args:
         variant: a name of :data:`VARIANTS`.
         module: the calling attention module (its ``config``, ``is_causal``, gate and probes).
-        query: ``(B, H, L, E)``; key: ``(B, H, S, E)``; value: ``(B, H, S, Ev)``.
+        query: ``(B, H, L, E)``; key: ``(B, Hkv, S, E)``; value: ``(B, Hkv, S, Ev)``. With
+            grouped-query attention (``Hkv < H``, Llama/Qwen/Mistral-style
+            ``num_key_value_heads``) each key/value head serves ``H / Hkv`` query heads, as in
+            ``transformers``' ``repeat_kv``.
         attention_mask: ``None``, boolean ``(B, 1, L, S)`` (``True`` = attend) or additive float.
         dropout: attention dropout probability (the model passes 0 in eval mode).
         scaling: the logit scale (``None`` = ``1/sqrt(E)``).
         is_causal: overrides ``module.is_causal`` (used only when no mask is given).
+        **kwargs: from the model; ``output_attentions`` (or ``module.config.output_attentions``)
+            asks for the weights; ``softcap`` is refused.
 
     Returns:
-        ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``; weights only on the explicit path.
+        ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``. The weights are returned where
+        they are computed: always for the clipped variants and with probes (explicit weights),
+        and for ``softmax``/``softmax1`` (and their gated forms) when ``output_attentions`` is
+        asked, which then leave the fused SDPA path for the explicit one; otherwise ``None``.
     """
     spec = _variant(variant)
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f"attention {variant!r} does not support softcap (logit soft-capping); "
+            "use attn_implementation='eager' for this model"
+        )
     separation = _separation(spec, module)
+    key, value = _repeat_kv(query, key), _repeat_kv(query, value)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     causal = causal and attention_mask is None and query.shape[-2] > 1
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -256,7 +288,10 @@ def attention_forward(
             module, probes, separation, query, key, value, attention_mask, causal, scale, dropout
         )
     else:
-        out = associate(
+        asked = kwargs.get("output_attentions")
+        if asked is None:
+            asked = getattr(getattr(module, "config", None), "output_attentions", False)
+        result = associate(
             query,
             key,
             value,
@@ -266,7 +301,9 @@ def attention_forward(
             causal=causal,
             dropout=dropout,
             training=True,
-        )  # type: ignore[assignment]
+            return_weights=spec.clipped or bool(asked),
+        )
+        out, weights = result if isinstance(result, tuple) else (result, None)
     if spec.gated:
         gate_input = module.__dict__.pop("_hopfield_gate_input", None)
         gate = getattr(module, "gate", None)

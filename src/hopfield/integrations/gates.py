@@ -23,13 +23,36 @@ from hopfield.nn.gates import GatedAttention
 
 __all__ = ["ATTENTION_CLASSES", "add_gates", "attention_modules"]
 
-#: Class names of the self-attention modules that call the attention interface.
-ATTENTION_CLASSES: tuple[str, ...] = ("BertSelfAttention", "OPTAttention", "ViTAttention")
+#: Class names of attention modules tested with the gates and probes (BERT, OPT, ViT, and the
+#: grouped-query decoders Llama, Qwen2, Mistral). Not a limit: :func:`attention_modules` finds the
+#: attention modules of any ``transformers`` model by the rule given there.
+ATTENTION_CLASSES: tuple[str, ...] = (
+    "BertSelfAttention",
+    "OPTAttention",
+    "ViTAttention",
+    "LlamaAttention",
+    "Qwen2Attention",
+    "MistralAttention",
+)
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention") and hasattr(module, "config")
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every self-attention module of a BERT, OPT or ViT model."""
-    return [(n, m) for n, m in model.named_modules() if type(m).__name__ in ATTENTION_CLASSES]
+    """``(name, module)`` of every attention module of a ``transformers`` model.
+
+    An attention module is one whose class name ends in ``Attention``, that has a ``config``
+    (``transformers``' attention modules keep the model config), and that contains no other such
+    module: the innermost one, which calls the attention interface (``BertSelfAttention`` inside
+    ``BertAttention``; ``OPTAttention``, ``ViTAttention``, ``LlamaAttention``, ... themselves).
+    """
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if _is_attention(m) and not any(_is_attention(c) for c in m.modules() if c is not m)
+    ]
 
 
 def _store_gate_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -43,7 +66,9 @@ def add_gates(model: nn.Module, *, hidden: int | None = None, pi_init: float | N
     """Add a per-head, per-token gate to every attention module of ``model``.
 
     Args:
-        model: a BERT, OPT or ViT model (see :data:`ATTENTION_CLASSES`).
+        model: a ``transformers`` model whose attention modules (see :func:`attention_modules`)
+            take the input hidden states ``(B, L, hidden_size)`` first and have
+            ``config.num_attention_heads`` query heads (e.g. BERT, OPT, ViT, Llama).
         hidden: hidden width of the MLP gate ``Linear(d_head, hidden) → ReLU → Linear(hidden, 1)``
             (``None``: a linear gate ``Linear(d_head, 1)``).
         pi_init: initial gate probability: the output bias starts at ``logit(pi_init)``.
@@ -53,7 +78,10 @@ def add_gates(model: nn.Module, *, hidden: int | None = None, pi_init: float | N
     """
     modules = attention_modules(model)
     if not modules:
-        raise ValueError(f"model: no attention module of the classes {ATTENTION_CLASSES}")
+        raise ValueError(
+            "model: no attention module (a submodule whose class name ends in 'Attention' and "
+            "that has a config)"
+        )
     added = 0
     for name, module in modules:
         if hasattr(module, "gate"):
