@@ -2,7 +2,8 @@
 
 A mistake in the input (an unknown experiment, preset or ``--set`` field, a value of the wrong
 type or one the experiment cannot run with (a :class:`ConfigError` from its configuration check,
-before it reads data or trains), a missing dataset or results folder) is one line on stderr and
+before it reads data or trains), a missing dataset or results folder, an output folder holding a
+finished run of other settings without ``--overwrite``) is one line on stderr and
 exit status 2, as argparse's own errors; so is a command that needs a package of an extra the
 install lacks (the line names the extra: ``pip install "hopfield[experiments]"``); Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
 command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
@@ -19,7 +20,7 @@ from typing import Any, NoReturn
 
 from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, all_experiments, get
-from hopfield.experiments.runner import ConfigError, reproduce, run_experiment
+from hopfield.experiments.runner import ConfigError, ExistingRunError, reproduce, run_experiment
 from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
 from hopfield.training import leave_process_group, process_layout
 
@@ -151,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a finished run of other settings in the output folder (without it "
+            "such a run is kept and the command stops; work of unchanged settings is reused)",
+        )
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("name")
@@ -335,6 +342,7 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         micro_batch_size=args.micro_batch_size,
         mixed_precision=args.mixed_precision,
         stand_in_data=args.stand_in_data,
+        overwrite=args.overwrite,
     )
     if process_layout()[0] == 0:
         print(f"results: {path}")
@@ -352,6 +360,7 @@ def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> 
         data_dir=args.data_dir,
         progress=not args.no_progress,
         only=args.only,
+        overwrite=args.overwrite,
     )
     if process_layout()[0] == 0:
         for path in paths:
@@ -423,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args, argv)
-    except (UsageError, ConfigError, DataNotFoundError, ChecksumError) as error:
+    except (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError) as error:
         _exit(USAGE_ERROR, args.command, str(error))
     except ImportError as error:
         missing = missing_extra(error)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hopfield.experiments.results import Results, Table, format_cell
-from hopfield.experiments.runner import RESULTS_FILE, load_record
+from hopfield.experiments.runner import RESULTS_FILE, load_record, settings_parts
 
 REPORT_FILE = "REPORT.md"
 
@@ -43,8 +43,9 @@ def render_record(path: Path, report_dir: Path) -> str:
     """One experiment's section of the report."""
     record = load_record(path)
     results = Results.from_dict(record["results"])
+    changed = "".join(f", {part}" for part in settings_parts(record, code=True))
     lines = [
-        f"## {record['experiment']} (preset `{record['preset']}`)",
+        f"## {record['experiment']} (preset `{record['preset']}`{changed})",
         "",
         f"Reproduces: {record.get('paper') or '–'}. Seed {record.get('seed')}, "
         f"wall time {record['wall_time_s']:.1f} s, torch {record['versions']['torch']}, "

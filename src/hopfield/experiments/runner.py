@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import random
+import sys
 import time
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
@@ -19,7 +20,7 @@ import torch
 from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
-from hopfield.experiments.results import Results, RunContext
+from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import process_layout
 
 RESULTS_FILE = "results.json"
@@ -154,6 +155,92 @@ def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
         raise ConfigError(str(error)) from error
 
 
+class ExistingRunError(ValueError):
+    """The run folder holds a finished run of other settings, which a run with
+    ``overwrite=False`` (``hopfield run`` without ``--overwrite``) does not replace."""
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as it reads back from a results file (tuples become lists, and so on)."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def overrides_of(experiment: Experiment, preset: str, config: Any) -> dict[str, Any]:
+    """The fields of ``config`` that differ from ``preset``'s configuration of ``experiment``
+    (``--set``, ``--seed``), as JSON values in the order of the fields."""
+    base = _as_json(asdict(experiment.config(preset)))
+    now = _as_json(asdict(config))
+    return {key: value for key, value in now.items() if base.get(key) != value}
+
+
+def _settings(record: dict[str, Any]) -> dict[str, Any]:
+    """What makes a run's numbers: preset, configuration, precision and stand-in data (not
+    ``--max-steps``: a run cut by it continues under the same settings without it, nor the
+    micro-batch size, which keeps the recipe)."""
+    return {
+        "preset": record.get("preset"),
+        "config": record.get("config"),
+        "mixed_precision": record.get("mixed_precision"),
+        "stand_in_data": (record.get("limits") or {}).get("stand_in_data", False),
+    }
+
+
+def settings_parts(record: dict[str, Any], *, code: bool = False) -> list[str]:
+    """What a run record says it changed from its preset: ``["overrides lr=0.01 seed=3",
+    "max steps 5", "stand-in data"]`` (``code``: the overrides as a Markdown code span).
+    Records written before overrides were recorded show none."""
+    parts = []
+    overrides = record.get("overrides") or {}
+    if overrides:
+        text = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in overrides.items())
+        parts.append(f"overrides `{text}`" if code else f"overrides {text}")
+    limits = record.get("limits") or {}
+    if limits.get("stop_after") is not None:
+        parts.append(f"max steps {limits['stop_after']}")
+    if limits.get("micro_batch_size") is not None:
+        parts.append(f"micro-batch {limits['micro_batch_size']}")
+    if record.get("mixed_precision") is not None:
+        parts.append(f"mixed precision {record['mixed_precision']}")
+    if limits.get("stand_in_data"):
+        parts.append("stand-in data")
+    return parts
+
+
+def describe_settings(record: dict[str, Any]) -> str:
+    """``preset small, overrides lr=0.01 seed=3, max steps 5`` of a run record."""
+    return ", ".join([f"preset {record.get('preset')}", *settings_parts(record)])
+
+
+def check_run_folder(
+    folder: Path, new: dict[str, Any], *, overwrite: bool
+) -> dict[str, Any] | None:
+    """The record of the finished run in ``folder`` when its settings differ from those of the
+    run record ``new`` (``None`` when there is none or they agree). Raises
+    :class:`ExistingRunError` for such a run unless ``overwrite``."""
+    path = folder / RESULTS_FILE
+    try:
+        old = load_record(path)
+    except (OSError, ValueError):  # no finished run there (or no readable record of one)
+        return None
+    if not isinstance(old, dict):
+        return None
+    was, now = _settings(old), _as_json(_settings(new))
+    if was == now:
+        return None
+    if not overwrite:
+        differ = [k.replace("_", " ") for k in ("preset", "mixed_precision", "stand_in_data")
+                  if was[k] != now[k]]  # fmt: skip
+        old_config, new_config = was["config"] or {}, now["config"] or {}
+        differ += [k for k in sorted({*old_config, *new_config})
+                   if old_config.get(k) != new_config.get(k)]  # fmt: skip
+        raise ExistingRunError(
+            f"{folder} holds a finished run of other settings ({describe_settings(old)}; this run "
+            f"differs in {', '.join(differ)}): give another --out to keep it, or --overwrite to "
+            "replace it"
+        )
+    return old
+
+
 def run_experiment(
     name: str,
     preset: str,
@@ -167,6 +254,7 @@ def run_experiment(
     micro_batch_size: int | None = None,
     mixed_precision: str | None = None,
     stand_in_data: bool = False,
+    overwrite: bool = True,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -180,6 +268,12 @@ def run_experiment(
     seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
     ``mixed_precision`` and ``stand_in_data`` apply to every training run (see
     :class:`RunContext`).
+
+    The record names the configuration fields that differ from the preset's (``overrides``:
+    ``--set``, ``--seed``). When ``out/name`` holds a finished run of other settings (preset,
+    configuration, precision, stand-in data: :func:`check_run_folder`), ``overwrite=False``
+    raises :class:`ExistingRunError` before anything runs (the command line's default), and
+    ``overwrite=True`` replaces it, saying so on stderr (its work of unchanged settings is reused).
     """
     experiment: Experiment = get(name)
     config = experiment.config(preset)
@@ -187,6 +281,25 @@ def run_experiment(
         config = replace(config, seed=seed)
     if overrides:
         config = apply_overrides(config, overrides)
+    planned = {
+        "preset": preset,
+        "config": asdict(config),
+        "overrides": overrides_of(experiment, preset, config),
+        "mixed_precision": mixed_precision,
+        "limits": {
+            "stop_after": stop_after,
+            "micro_batch_size": micro_batch_size,
+            "stand_in_data": stand_in_data,
+        },
+    }
+    replaced = check_run_folder(Path(out) / name, planned, overwrite=overwrite)
+    if replaced is not None and process_layout()[0] == 0:
+        print(
+            f"replacing the finished run in {Path(out) / name} ({describe_settings(replaced)}) "
+            f"with one of other settings ({describe_settings(planned)})",
+            file=sys.stderr,
+            flush=True,
+        )
     state = distributed_state()
     context = RunContext(
         out_dir=Path(out) / name,
@@ -214,6 +327,7 @@ def run_experiment(
         "paper": experiment.paper,
         "preset": preset,
         "config": asdict(config),
+        "overrides": planned["overrides"],
         "seed": getattr(config, "seed", None),
         "versions": versions(),
         "started_at": started,
@@ -254,21 +368,39 @@ def reproduce(
     data_dir: Path | str | None = None,
     progress: bool = True,
     only: list[str] | None = None,
+    overwrite: bool = True,
 ) -> tuple[list[Path], dict[str, str]]:
     """Run every experiment marked for reproduction (or those in ``only``) at ``preset``.
 
     Experiments whose datasets are absent are skipped, not fatal. Returns the results files and
     ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``). Ends
     with the claims ledger of ``out`` (``out/claims.json``, ``out/CLAIMS.md``: every paper claim
-    judged from the records there, :func:`hopfield.claims.report.write_ledger`).
+    judged from the records there, :func:`hopfield.claims.report.write_ledger`). With
+    ``overwrite=False`` a finished run of other settings in ``out`` raises
+    :class:`ExistingRunError` before any experiment runs.
     """
     chosen = [e for e in all_experiments() if (e.name in only if only else e.in_reproduce)]
+    if not overwrite:
+        for experiment in chosen:
+            planned = {
+                "preset": preset,
+                "config": asdict(experiment.config(preset)),
+                "limits": {"stand_in_data": False},
+            }
+            check_run_folder(Path(out) / experiment.name, planned, overwrite=False)
     paths: list[Path] = []
     skipped: dict[str, str] = {}
     for experiment in chosen:
         try:
             paths.append(
-                run_experiment(experiment.name, preset, out, data_dir=data_dir, progress=progress)
+                run_experiment(
+                    experiment.name,
+                    preset,
+                    out,
+                    data_dir=data_dir,
+                    progress=progress,
+                    overwrite=overwrite,
+                )
             )
         except DataNotFoundError as missing:
             skipped[experiment.name] = str(missing)
