@@ -149,7 +149,7 @@ def test_auto_class_restores_variant_clipping_and_gates(
     loaded.eval()
     assert type(loaded) is type(model)
     assert loaded.config.model_type == f"hopfield_{family}"
-    assert loaded.config._attn_implementation == variant
+    assert loaded.config._attn_implementation == f"hopfield_{variant}"
     assert loaded.config.hopfield_attention == model.config.hopfield_attention
     if spec.clipped:
         assert loaded.config.hopfield_attention["gamma"] == -0.0625
@@ -176,7 +176,7 @@ def test_base_model_and_other_heads_keep_the_gates(tmp_path: Any) -> None:
         tmp_path / "bert", num_labels=3, output_loading_info=True
     )
     assert type(classifier).__name__ == "HopfieldBertForSequenceClassification"
-    assert classifier.config._attn_implementation == "gated_softmax1"
+    assert classifier.config._attn_implementation == "hopfield_gated_softmax1"
     # only the new head (and the pooler that the MLM model has not) are missing
     assert {k.rsplit(".", 2)[0] for k in info["missing_keys"]} == {"classifier", "bert.pooler"}
     encoder = {k: v for k, v in bert.state_dict().items() if k.startswith("bert.encoder.")}
@@ -228,7 +228,7 @@ def test_checkpoint_from_before_the_model_types_loads_with_load_model(
     with pytest.warns(UserWarning, match="before the hopfield model types"):
         loaded = load_model(tmp_path / "old").eval()
     assert type(loaded).__name__ == f"Hopfield{stock.__name__}"
-    assert loaded.config._attn_implementation == "gated_clipped_softmax1"
+    assert loaded.config._attn_implementation == "hopfield_gated_clipped_softmax1"
     assert_same_state(loaded, old)
     batch = inputs(family)
     assert torch.equal(outputs(loaded, batch), outputs(old, batch))
@@ -281,7 +281,7 @@ def test_load_model_round_trip_every_family_and_variant(
     model.save_pretrained(tmp_path)
     loaded = load_model(tmp_path).eval()  # strict: any missing/unexpected key would raise
     assert type(loaded) is type(model)
-    assert loaded.config._attn_implementation == variant
+    assert loaded.config._attn_implementation == model.config._attn_implementation
     assert_same_state(loaded, model)
     batch = inputs(family)
     assert torch.equal(outputs(loaded, batch), outputs(model, batch))

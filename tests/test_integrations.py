@@ -136,9 +136,9 @@ def test_paper_parameter_counts(
 
 def test_variants_registered_and_build() -> None:
     for name in VARIANTS:
-        assert name in AttentionInterface._global_mapping
+        assert f"hopfield_{name}" in AttentionInterface._global_mapping
         model = tiny("opt", name)
-        assert model.config._attn_implementation == name
+        assert model.config._attn_implementation == f"hopfield_{name}"
         assert model.config.hopfield_attention["variant"] == name
         assert torch.isfinite(logits(model, inputs("opt"))).all()
 
@@ -307,7 +307,7 @@ def test_gated_model_trains_and_gate_errors() -> None:
     with pytest.raises(ValueError, match="already has a gate"):
         add_gates(model)
     bare = build_model("vit", "sdpa", **TINY["vit"])
-    bare.set_attn_implementation("gated")
+    bare.set_attn_implementation("hopfield_gated")
     with pytest.raises(RuntimeError, match="gate"):
         bare(**inputs("vit"))
 
@@ -326,7 +326,7 @@ def test_save_and_load_keep_the_variant(tmp_path: Any, family: str, variant: str
                 module.gate.biases[-1].add_(0.7)  # a trained-looking gate
     model.save_pretrained(tmp_path)
     loaded = load_model(tmp_path).eval()
-    assert loaded.config._attn_implementation == variant
+    assert loaded.config._attn_implementation == f"hopfield_{variant}"
     assert loaded.config.hopfield_attention == model.config.hopfield_attention
     batch = inputs(family)
     torch.testing.assert_close(logits(loaded, batch), logits(model, batch))

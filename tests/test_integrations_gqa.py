@@ -117,3 +117,37 @@ def test_gates_find_attention_modules_of_other_models() -> None:
     assert [type(m).__name__ for _, m in attention_modules(bert)] == ["BertSelfAttention"]
     with pytest.raises(ValueError, match="no attention module"):
         add_gates(nn.Sequential(nn.Linear(2, 2)))
+
+
+# --- namespaced names in transformers' registry --------------------------------------------
+
+
+def test_variants_are_registered_under_namespaced_names_only() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from hopfield.integrations import attention_name, attention_names, build_model, variant_name
+
+    names = attention_names()
+    assert names == tuple(f"hopfield_{v}" for v in VARIANTS)
+    assert "hopfield_softmax1" in names and attention_name("softmax1") == "hopfield_softmax1"
+    for name in names:
+        assert name in AttentionInterface._global_mapping
+        assert name in AttentionMaskInterface._global_mapping
+    for short in VARIANTS:  # no global registration of the bare names
+        assert short not in AttentionInterface._global_mapping
+    assert variant_name("hopfield_gated") == variant_name("gated") == "gated"
+    assert variant_name("sdpa") is None
+    with pytest.raises(ValueError, match="variant must be one of"):
+        attention_name("softmax2")
+    # our own API takes both forms and stores the short name in the config
+    sizes = dict(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32)
+    sizes.update(image_size=16, patch_size=8, num_labels=3)
+    for given in ("gated_softmax1", "hopfield_gated_softmax1"):
+        model = build_model("vit", given, **sizes)
+        assert model.config._attn_implementation == "hopfield_gated_softmax1"
+        assert model.config.hopfield_attention["variant"] == "gated_softmax1"
+    model = decoder("llama", "sdpa")
+    model.set_attn_implementation("hopfield_softmax1")
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch()).logits).all()

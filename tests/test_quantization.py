@@ -167,7 +167,7 @@ def test_quantized_tiny_model_stays_close_and_places_quantizers() -> None:
 def test_sdpa_model_is_switched_and_fp8_variant_runs() -> None:
     model = _bert("sdpa")
     quantized = quantize_w8a8(model, _batches(2), fmt="fp8_e4m3", percentile=99.999)
-    assert quantized.config._attn_implementation == "softmax"
+    assert quantized.config._attn_implementation == "hopfield_softmax"
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         ref = model(**_batches(1)[0]).logits

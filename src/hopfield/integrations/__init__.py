@@ -2,7 +2,8 @@
 
 Importing this package registers the attention functions (``softmax``, ``softmax1``, ``clipped``,
 ``clipped_softmax1``, ``gated``, ``gated_softmax1``, ``gated_clipped``, ``gated_clipped_softmax1``)
-with ``transformers.AttentionInterface``, and the hopfield model types (``hopfield_bert``,
+with ``transformers.AttentionInterface`` under namespaced names (``hopfield_softmax1``, ...:
+:func:`attention_names`; this package's functions accept the short names too), and the hopfield model types (``hopfield_bert``,
 ``hopfield_opt``, ``hopfield_vit``: :mod:`hopfield.integrations.auto`) with ``AutoConfig`` and the
 ``AutoModel*`` classes, so that ``AutoModel*.from_pretrained`` restores a saved model's attention
 variant, clipping parameters and gates. See ``docs/outliers.md``.
@@ -13,8 +14,11 @@ from hopfield.integrations.attention import (
     AttentionProbe,
     AttentionVariant,
     attention_forward,
+    attention_name,
+    attention_names,
     configure_attention,
     register_attention_functions,
+    variant_name,
 )
 from hopfield.integrations.auto import (
     CONFIG_CLASSES,
@@ -49,10 +53,13 @@ __all__ = [
     "add_gates",
     "attention_forward",
     "attention_modules",
+    "attention_name",
+    "attention_names",
     "build_model",
     "configure_attention",
     "load_model",
     "paper_parameter_count",
     "register_attention_functions",
     "register_auto_classes",
+    "variant_name",
 ]

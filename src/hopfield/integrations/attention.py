@@ -1,12 +1,16 @@
 """Outlier-efficient attention functions for Hugging Face ``transformers`` models.
 
 Every variant is a function with the signature of ``transformers``' attention interface,
-registered under its name with :class:`transformers.AttentionInterface` (and with the SDPA mask
-builder in :class:`transformers.masking_utils.AttentionMaskInterface`), so a model selects it by
-``attn_implementation`` without any change to the model's code:
+registered with :class:`transformers.AttentionInterface` (and with the SDPA mask builder in
+:class:`transformers.masking_utils.AttentionMaskInterface`) under its namespaced name
+``hopfield_<name>`` (``hopfield_softmax1``, ...; :func:`attention_names` lists them), so a model
+selects it by ``attn_implementation="hopfield_softmax1"`` without any change to the model's code.
+The short names (``softmax1``) are not registered in ``transformers``' global registry, where they
+could collide with other packages; this package's own functions (:func:`configure_attention`,
+:func:`attention_forward`, ``build_model``) accept both forms:
 
 ========================== ==========================================================
-name                       weights
+name (``hopfield_`` + )     weights
 ========================== ==========================================================
 ``softmax``                softmax (the vanilla model, through this module's path)
 ``softmax1``               Softmax_1 = exp(z) / (1 + Σ exp z) (OutEffHop)
@@ -46,16 +50,23 @@ from hopfield.functional import ClippedSoftmax, Separation, Softmax, SoftmaxN, a
 from hopfield.functional.structures import apply_mask, with_causal
 
 __all__ = [
+    "PREFIX",
     "VARIANTS",
     "AttentionProbe",
     "AttentionVariant",
     "attention_forward",
+    "attention_name",
+    "attention_names",
     "check_settings",
     "configure_attention",
     "register_attention_functions",
+    "variant_name",
 ]
 
 CONFIG_KEY = "hopfield_attention"
+
+#: Namespace of the names registered with ``transformers``' attention and mask interfaces.
+PREFIX = "hopfield_"
 
 
 @dataclass(frozen=True)
@@ -83,10 +94,35 @@ VARIANTS: dict[str, AttentionVariant] = {
 }
 
 
+def variant_name(name: str) -> str | None:
+    """The short variant name (``"softmax1"``) of a short or registered name (``"softmax1"``,
+    ``"hopfield_softmax1"``); ``None`` if ``name`` is no variant (e.g. ``"sdpa"``)."""
+    if not isinstance(name, str):
+        return None
+    short = name.removeprefix(PREFIX)
+    return short if short in VARIANTS else None
+
+
+def attention_name(variant: str) -> str:
+    """The name registered with ``transformers`` for ``variant`` (short or registered form):
+    ``attention_name("softmax1") == "hopfield_softmax1"``, the ``attn_implementation`` to ask for."""
+    return PREFIX + _variant(variant).name
+
+
+def attention_names() -> tuple[str, ...]:
+    """The names registered with ``transformers``' attention interface, one per variant
+    (``("hopfield_softmax", "hopfield_softmax1", ...)``)."""
+    return tuple(PREFIX + name for name in VARIANTS)
+
+
 def _variant(name: str) -> AttentionVariant:
-    if name not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {name!r}")
-    return VARIANTS[name]
+    short = variant_name(name)
+    if short is None:
+        raise ValueError(
+            f"variant must be one of {sorted(VARIANTS)} (or with the prefix {PREFIX!r}), "
+            f"got {name!r}"
+        )
+    return VARIANTS[short]
 
 
 class AttentionProbe:
@@ -118,7 +154,8 @@ def configure_attention(
 ) -> None:
     """Select ``variant`` on a ``transformers`` config and store its parameters.
 
-    Sets ``config._attn_implementation = variant`` and ``config.hopfield_attention`` (a dict that
+    Sets ``config._attn_implementation`` to the registered name (``hopfield_<variant>``) and
+    ``config.hopfield_attention`` (a dict with the short name as ``variant`` that
     ``save_pretrained`` writes into ``config.json``). On a hopfield config
     (:mod:`hopfield.integrations.auto`, as :func:`build_model` uses) the saved model loads back with
     its variant and gates through ``transformers``' Auto classes; a stock config keeps the dict but
@@ -126,13 +163,15 @@ def configure_attention(
 
     Args:
         config: a ``transformers.PretrainedConfig``.
-        variant: one of :data:`VARIANTS`.
+        variant: one of :data:`VARIANTS`, short (``"softmax1"``) or registered
+            (``"hopfield_softmax1"``).
         gamma, zeta: clipping parameters (clipped variants), ``gamma <= 0 <= 1 <= zeta``.
         alpha, length: the alternative parametrisation ``gamma = -alpha / length``.
         gate_hidden, pi_init: the gate design (gated variants), see
             :class:`hopfield.nn.gates.GatedAttention`.
     """
     spec = _variant(variant)
+    variant = spec.name
     settings: dict[str, Any] = {"variant": variant}
     if spec.clipped:
         if (gamma is None) == (alpha is None):
@@ -153,7 +192,7 @@ def configure_attention(
     elif gate_hidden is not None or pi_init is not None:
         raise ValueError(f"gate_hidden/pi_init apply to gated variants only, not {variant!r}")
     setattr(config, CONFIG_KEY, settings)
-    config._attn_implementation = variant
+    config._attn_implementation = attention_name(variant)
 
 
 def check_settings(settings: Any) -> None:
@@ -168,12 +207,12 @@ def check_settings(settings: Any) -> None:
             f"config.{CONFIG_KEY} must be a dict with a 'variant' (see configure_attention), "
             f"got {settings!r}"
         )
-    if settings["variant"] not in VARIANTS:
+    if variant_name(settings["variant"]) is None:
         raise ValueError(
             f"config.{CONFIG_KEY}: variant must be one of {sorted(VARIANTS)}, "
             f"got {settings['variant']!r}"
         )
-    if VARIANTS[settings["variant"]].clipped and not {"gamma", "zeta"} <= settings.keys():
+    if _variant(settings["variant"]).clipped and not {"gamma", "zeta"} <= settings.keys():
         raise ValueError(
             f"config.{CONFIG_KEY}: variant {settings['variant']!r} needs gamma and zeta, "
             f"got {settings!r}"
@@ -251,7 +290,7 @@ def attention_forward(
     """The attention computation of ``variant`` in the ``transformers`` interface.
 
     Args:
-        variant: a name of :data:`VARIANTS`.
+        variant: a name of :data:`VARIANTS`, short or registered (``hopfield_<name>``).
         module: the calling attention module (its ``config``, ``is_causal``, gate and probes).
         query: ``(B, H, L, E)``; key: ``(B, Hkv, S, E)``; value: ``(B, Hkv, S, Ev)``. With
             grouped-query attention (``Hkv < H``, Llama/Qwen/Mistral-style
@@ -322,18 +361,20 @@ def _named(variant: str) -> Callable[..., tuple[Tensor, Tensor | None]]:
     ) -> tuple[Tensor, Tensor | None]:
         return attention_forward(variant, module, query, key, value, *args, **kwargs)
 
-    forward.__name__ = forward.__qualname__ = f"{variant}_attention_forward"
+    forward.__name__ = forward.__qualname__ = f"{PREFIX}{variant}_attention_forward"
     forward.__doc__ = f"``{variant}`` attention (see :func:`attention_forward`)."
     return forward
 
 
+#: The attention function of each registered name (``hopfield_<variant>``).
 ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
-    name: _named(name) for name in VARIANTS
+    PREFIX + name: _named(name) for name in VARIANTS
 }
 
 
 def register_attention_functions() -> None:
-    """Register every variant with ``transformers``' attention and mask interfaces (idempotent)."""
+    """Register every variant as ``hopfield_<name>`` (:func:`attention_names`) with
+    ``transformers``' attention and mask interfaces (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

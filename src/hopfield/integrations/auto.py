@@ -32,7 +32,13 @@ import torch
 import transformers
 from transformers import BertConfig, OPTConfig, ViTConfig
 
-from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, check_settings
+from hopfield.integrations.attention import (
+    CONFIG_KEY,
+    VARIANTS,
+    attention_name,
+    check_settings,
+    variant_name,
+)
 from hopfield.integrations.gates import add_gates
 from hopfield.nn.gates import GatedAttention
 
@@ -58,7 +64,7 @@ class _HopfieldConfig:
         if settings is not None:
             check_settings(settings)
             if config._attn_implementation is None:  # an explicit attn_implementation wins
-                config._attn_implementation = settings["variant"]
+                config._attn_implementation = attention_name(settings["variant"])
 
 
 class HopfieldBertConfig(_HopfieldConfig, BertConfig):
@@ -131,7 +137,7 @@ class _HopfieldModel:
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
         settings = getattr(config, CONFIG_KEY, None)
-        if settings is not None and VARIANTS[settings["variant"]].gated:
+        if settings is not None and VARIANTS[str(variant_name(settings["variant"]))].gated:
             add_gates(
                 self,  # type: ignore[arg-type]
                 hidden=settings.get("gate_hidden"),

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, configure_attention
+from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, configure_attention, variant_name
 
 __all__ = ["FAMILIES", "Family", "build_model", "load_model", "paper_parameter_count"]
 
@@ -131,8 +131,10 @@ def build_model(
         family: ``"bert"`` (masked LM), ``"opt"`` (causal LM) or ``"vit"`` (image classifier).
         variant: ``"softmax"`` (vanilla), ``"softmax1"`` (OutEffHop), ``"clipped"``,
             ``"clipped_softmax1"``, ``"gated"``, ``"gated_softmax1"``, ``"gated_clipped"``,
-            ``"gated_clipped_softmax1"``, or any attention implementation ``transformers`` knows
-            (``"sdpa"``, ``"eager"``) for the untouched model.
+            ``"gated_clipped_softmax1"`` (or the registered ``"hopfield_<name>"``; the model's
+            ``config._attn_implementation`` is the registered name), or any attention
+            implementation ``transformers`` knows (``"sdpa"``, ``"eager"``) for the untouched
+            model.
         gamma, zeta, alpha: clipping parameters (default: the family's, see the module docstring);
             ``alpha`` gives ``gamma = -alpha / T`` with ``T = max_position_embeddings``.
         gate_hidden, pi_init: gate design (default: the family's).
@@ -146,10 +148,11 @@ def build_model(
         exactly with ``transformers``' Auto classes; for ``"sdpa"``/``"eager"`` the stock class.
     """
     fam = _family(family)
-    config_class, model_class = _classes(fam, hopfield=variant in VARIANTS)
+    short = variant_name(variant)
+    config_class, model_class = _classes(fam, hopfield=short is not None)
     cfg = config_class(**{**fam.defaults, **config})
-    if variant in VARIANTS:
-        spec = VARIANTS[variant]
+    if short is not None:
+        spec = VARIANTS[short]
         options: dict[str, Any] = {}
         if spec.clipped:
             clip: dict[str, Any] = dict(fam.clip["clipped_softmax1" if spec.n else "clipped"])

@@ -87,7 +87,7 @@ class AttentionRecorder:
     Args:
         model: a model built by :func:`hopfield.integrations.build_model` (any variant, including
             ``"softmax"``); models on ``"sdpa"``/``"eager"`` must first be switched with
-            ``model.set_attn_implementation("softmax")``.
+            ``model.set_attn_implementation("hopfield_softmax")``.
 
     Attributes:
         special_mask: ``None`` (the first key position is special) or a boolean ``(B, S)`` tensor
@@ -97,14 +97,16 @@ class AttentionRecorder:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        from hopfield.integrations import VARIANTS, attention_modules
+        from hopfield.integrations import attention_modules
+        from hopfield.integrations.attention import attention_names, variant_name
 
         config = getattr(model, "config", None)
         implementation = getattr(config, "_attn_implementation", None)
-        if implementation not in VARIANTS:
+        if variant_name(implementation) is None:  # type: ignore[arg-type]
             raise ValueError(
                 f"model: attention {implementation!r} has no probes; use a hopfield variant "
-                f"({sorted(VARIANTS)}), e.g. model.set_attn_implementation('softmax')"
+                f"({list(attention_names())}), e.g. "
+                "model.set_attn_implementation('hopfield_softmax')"
             )
         self.modules = attention_modules(model)
         self.special_mask: Tensor | None = None

@@ -353,13 +353,14 @@ def quantize_w8a8(
 def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The model's attention modules, switched to a probe-aware attention function if needed."""
     try:
-        from hopfield.integrations import VARIANTS, attention_modules
+        from hopfield.integrations import attention_modules
+        from hopfield.integrations.attention import attention_name, variant_name
     except ImportError:  # transformers not installed: no attention modules to probe
         return []
     found = attention_modules(model)
     config = getattr(model, "config", None)
-    if found and config is not None and config._attn_implementation not in VARIANTS:
-        model.set_attn_implementation("softmax")  # type: ignore[operator]
+    if found and config is not None and variant_name(config._attn_implementation) is None:
+        model.set_attn_implementation(attention_name("softmax"))  # type: ignore[operator]
     return found
 
 
