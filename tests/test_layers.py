@@ -297,7 +297,7 @@ def test_bad_forward_input_raises() -> None:
     with pytest.raises(ValueError, match="last dim 16"):
         hop(torch.randn(2, 5, D + 1))
     with pytest.raises(ValueError, match="3-D"):
-        hop(torch.randn(5, D))
+        hop(torch.randn(2, 3, 5, D))  # (5, D) is unbatched input, see test_migration.py
     with pytest.raises(TypeError, match="tuple"):
         hop([torch.randn(2, 5, D)])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="key_padding_mask"):

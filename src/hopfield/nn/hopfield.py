@@ -309,7 +309,8 @@ class Hopfield(nn.Module):
                 raise TypeError(f"{name} patterns must be a Tensor, got {type(t).__name__}")
             if t.dim() != 3 or t.shape[-1] != size:
                 raise ValueError(
-                    f"{name} patterns must be 3-D with last dim {size}, got {tuple(t.shape)}"
+                    f"{name} patterns must be 3-D (or all 2-D, unbatched) with last dim {size}, "
+                    f"got {tuple(t.shape)}"
                 )
         dtype = self._input_dtype()
         for name, t, _ in expected:
@@ -400,16 +401,62 @@ class Hopfield(nn.Module):
 
         Args:
             input: ``x (B, N, input_size)`` for self-association, or the triple
-                ``(stored (B, S, ·), state (B, L, ·), projection (B, S, ·))``.
-            key_padding_mask: ``(B, S)``; ``True`` (or ``-inf``) marks stored patterns to ignore.
-            attn_mask: ``(L, S)`` or ``(B·H, L, S)``; ``True`` (or ``-inf``) forbids a pair.
+                ``(stored (B, S, ·), state (B, L, ·), projection (B, S, ·))``; ``(N, B, ·)`` when
+                not ``batch_first``. Unbatched, as :class:`torch.nn.MultiheadAttention` takes it:
+                ``x (N, input_size)`` or a triple of 2-D tensors (``batch_first`` then plays no
+                role).
+            key_padding_mask: ``(B, S)`` (unbatched: ``(S,)``); ``True`` (or ``-inf``) marks
+                stored patterns to ignore.
+            attn_mask: ``(L, S)`` or ``(B·H, L, S)`` (unbatched: ``(L, S)`` or ``(H, L, S)``);
+                ``True`` (or ``-inf``) forbids a pair.
             causal: state ``i`` sees stored patterns ``j <= i + S - L`` only.
             return_weights: also return the association weights of the last step.
             return_heads: also return the per-head retrieved patterns.
 
         Returns:
-            ``(B, L, output_size)``, or a :class:`HopfieldOutput` when weights or heads are asked for.
+            ``(B, L, output_size)``, or a :class:`HopfieldOutput` when weights or heads are asked
+            for. Unbatched: ``(L, output_size)``, weights ``(H, L, S)``, heads ``(H, L, Ev)``
+            (the per-head weights, as ``nn.MultiheadAttention(average_attn_weights=False)``).
         """
+        parts = input if isinstance(input, tuple | list) else (input,)
+        unbatched = all(isinstance(t, Tensor) and t.dim() == 2 for t in parts)
+        if unbatched:
+            batch_dim = 0 if self.batch_first else 1
+            input = (
+                input.unsqueeze(batch_dim)
+                if isinstance(input, Tensor)
+                else tuple(t.unsqueeze(batch_dim) for t in parts)  # type: ignore[assignment]
+            )
+            if isinstance(key_padding_mask, Tensor) and key_padding_mask.dim() == 1:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        result = self._forward(
+            input,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            causal=causal,
+            return_weights=return_weights,
+            return_heads=return_heads,
+        )
+        if not unbatched:
+            return result
+        if isinstance(result, HopfieldOutput):
+            return HopfieldOutput(
+                result.output.squeeze(batch_dim),
+                None if result.weights is None else result.weights.squeeze(0),
+                None if result.heads is None else result.heads.squeeze(0),
+            )
+        return result.squeeze(batch_dim)
+
+    def _forward(
+        self,
+        input: Patterns,
+        *,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        causal: bool,
+        return_weights: bool,
+        return_heads: bool,
+    ) -> Tensor | HopfieldOutput:
         stored, state, projection = self._split_inputs(input)
         q, k, v = self._project(stored, state, projection)
         mask = _mha_masks_to_allowed(
