@@ -177,55 +177,151 @@ class Polynomial(Separation):
 # --------------------------------------------------------------------------------------------
 # The alpha-entmax family: p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)), sum_i p_i = 1.
 # alpha = 2 is sparsemax, alpha = 1.5 has an exact sort-based threshold, any alpha in (1, 2]
-# is found by bisection. One autograd function gives the gradients for all of them.
+# is found by Newton's method from the left. One autograd function gives all the gradients.
+#
+# Speed: the threshold only depends on the few largest scores of a row (after the shift by the
+# row maximum, tau lies in [-1, 0) and the support is usually a small part of the row), so it is
+# computed from a partial sort (torch.topk) of the k largest scores. The sort-based rules tell
+# whether the support is smaller than k: then the threshold is exactly the one of a full sort
+# (the same prefix sums of the same sorted values); rows where it may be larger are done again
+# with 8k, then with a full sort. The weights take three to six elementwise passes over the row.
 # --------------------------------------------------------------------------------------------
 
 # After the shift by the row maximum, the threshold lies in [-1, 0): entries at -2 are always zero.
 _OUTSIDE = -2.0
+# First partial sort: the k largest scores of a row, by alpha (support sizes of randn rows of
+# 1024 keys: sparsemax <= 13, 1.5-entmax <= 44, 1.3-entmax <= 187); a row whose support may be
+# larger is retried with _GROWTH times k, and with the whole row once 2k >= S.
+_FIRST_K_SPARSEMAX = 16
+_FIRST_K_ENTMAX15 = 64
+_GROWTH = 8
 
 
-def _shifted(scores: Tensor, alpha: Tensor | float) -> tuple[Tensor, Tensor]:
-    """``(alpha - 1) · z - max``, masked entries at -2, and the row validity ``(..., 1)``."""
-    kept = scores != -math.inf  # NaN and +inf are kept: they propagate as in torch.softmax
-    valid = kept.any(dim=-1, keepdim=True)
-    x = torch.where(kept, scores, torch.zeros_like(scores)) * (alpha - 1)
-    peak = torch.where(kept, x, torch.full_like(x, -math.inf)).amax(dim=-1, keepdim=True)
-    peak = torch.where(valid, peak, torch.zeros_like(peak))
-    return torch.where(kept, x - peak, torch.full_like(x, _OUTSIDE)), valid
+def _first_k_bisect(coef: Tensor) -> int:
+    """The first partial sort's k for Newton thresholds (0: the whole row, unsorted)."""
+    smallest = float(coef.min())  # NaN on the meta device: the whole row
+    if smallest >= 0.75:
+        return 32
+    if smallest >= 0.45:
+        return 64
+    if smallest >= 0.25:
+        return 256
+    return 0
 
 
-def _sparsemax_threshold(x: Tensor) -> Tensor:
-    ordered = x.sort(dim=-1, descending=True).values
-    ranks = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
-    cumulative = ordered.cumsum(dim=-1)
+def _sparsemax_threshold(x: Tensor, whole: bool) -> tuple[Tensor, Tensor]:
+    """``(tau, complete)`` from rows ``x (R, k)`` sorted in descending order."""
+    k = x.shape[-1]
+    ranks = torch.arange(1, k + 1, device=x.device, dtype=x.dtype)
+    cumulative = x.cumsum(dim=-1)
     # At least one: a row with NaN (or +inf) has no support and gives NaN instead of failing.
-    support = (1 + ranks * ordered > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)
-    return (cumulative.gather(-1, support - 1) - 1) / support.to(x.dtype)
+    support = (1 + ranks * x > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)
+    tau = (cumulative.gather(-1, support - 1) - 1) / support.to(x.dtype)
+    return tau, (support < k) | whole
 
 
-def _entmax15_threshold(x: Tensor) -> Tensor:
-    ordered = x.sort(dim=-1, descending=True).values
-    ranks = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
-    mean = ordered.cumsum(dim=-1) / ranks
-    mean_sq = (ordered**2).cumsum(dim=-1) / ranks
+def _entmax15_threshold(x: Tensor, whole: bool) -> tuple[Tensor, Tensor]:
+    """``(tau, complete)`` from rows ``x (R, k)`` sorted in descending order."""
+    k = x.shape[-1]
+    ranks = torch.arange(1, k + 1, device=x.device, dtype=x.dtype)
+    mean = x.cumsum(dim=-1) / ranks
+    mean_sq = (x * x).cumsum(dim=-1) / ranks
     delta = (1 - ranks * (mean_sq - mean**2)) / ranks
     tau = mean - delta.clamp_min(0).sqrt()
-    support = (tau <= ordered).sum(dim=-1, keepdim=True).clamp_min(1)  # >= 1 as above
-    return tau.gather(-1, support - 1)
+    support = (tau <= x).sum(dim=-1, keepdim=True).clamp_min(1)  # >= 1 as above
+    return tau.gather(-1, support - 1), (support < k) | whole
 
 
-def _bisect_threshold(x: Tensor, alpha: Tensor, iterations: int) -> Tensor:
-    power = 1.0 / (alpha - 1)
-    count = (x > _OUTSIDE).sum(dim=-1, keepdim=True).clamp_min(1).to(x.dtype)
-    low = torch.full_like(x[..., :1], -1.0)
-    high = -((1.0 / count) ** (alpha - 1))
+def _newton_threshold(
+    x: Tensor, coef: Tensor, iterations: int, whole: bool
+) -> tuple[Tensor, Tensor]:
+    """``(tau, complete)``: the root of ``h(tau) = ‖[x - tau]_+‖_r = 1`` (``r = 1 / coef``) for
+    rows ``x (R, m)`` with maximum 0 (any order; ``complete`` when the row is whole or sorted in
+    descending order with its last entry outside the support).
+
+    ``h`` is convex and decreasing, so Newton's method from ``tau = -1`` (where ``h >= 1``) never
+    passes the root and increases monotonically; it converges quadratically (a handful of steps
+    instead of the ~50 halvings of bisection to the same precision). At most ``iterations`` steps;
+    a row stops when its step no longer moves ``tau`` by more than a few ulps.
+    """
+    power = 1.0 / coef
+    tau = torch.full_like(x[..., :1], -1.0)
+    tol = 64 * torch.finfo(x.dtype).eps
+    linear = bool((coef >= 1).any())  # alpha = 2 in a tensor alpha: 0^0 = 1 outside the support
     for _ in range(iterations):
-        middle = (low + high) / 2
-        mass = ((x - middle).clamp_min(0) ** power).sum(dim=-1, keepdim=True)
-        too_much = mass >= 1
-        low = torch.where(too_much, middle, low)
-        high = torch.where(too_much, high, middle)
-    return (low + high) / 2
+        gap = (x - tau).clamp_min_(0)
+        s = gap.pow(power - 1)
+        if linear:
+            s = s.mul_(gap > 0)
+        g1 = s.sum(dim=-1, keepdim=True)
+        g0 = s.mul_(gap).sum(dim=-1, keepdim=True)
+        h = g0**coef
+        safe = torch.where(h * g1 > 0, h * g1, torch.ones_like(g1))
+        step = ((h - 1) * g0 / safe).clamp_min(0)  # >= 0: rounding never moves tau back
+        tau = tau + step
+        if not bool((step > tol).any()):
+            break
+    complete = torch.full_like(tau, True, dtype=torch.bool) if whole else x[..., -1:] <= tau
+    return tau, complete
+
+
+def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[Tensor, Tensor]:
+    """``(peak, tau)`` of rows ``z (R, S)``: weights ``[coef · (z - peak) - tau]_+ ^ (1/coef)``.
+
+    ``alpha`` is 2.0 or 1.5 for the exact sort-based thresholds, else NaN (Newton, with ``coef``
+    a scalar or ``(R, 1)``). Rows without a finite score get ``peak = 0``, ``tau = +inf``.
+    """
+    rows, size = z.shape
+    if rows == 0:
+        return z.new_zeros(0, 1), z.new_zeros(0, 1)
+    exact = alpha in (2.0, 1.5)
+    if alpha == 2.0:
+        k = _FIRST_K_SPARSEMAX
+    elif alpha == 1.5:
+        k = _FIRST_K_ENTMAX15
+    else:
+        k = _first_k_bisect(coef)
+    if k == 0 or 2 * k >= size:
+        k = size
+    peak = z.new_empty(rows, 1)
+    tau = z.new_empty(rows, 1)
+    todo: Tensor | None = None  # the rows still to do (None: all of them)
+    while True:
+        part = z if todo is None else z.index_select(0, todo)
+        part_coef = coef if coef.dim() == 0 or todo is None else coef.index_select(0, todo)
+        whole = k == size
+        if whole and not exact:  # Newton needs no order
+            top = part
+            top_peak = part.amax(dim=-1, keepdim=True)
+        else:
+            top = part.sort(dim=-1, descending=True)[0] if whole else part.topk(k, dim=-1)[0]
+            top_peak = top[:, :1]
+        valid = top_peak != -math.inf
+        top_peak = torch.where(valid, top_peak, torch.zeros_like(top_peak))
+        x = top - top_peak
+        if alpha != 2.0:
+            x = x.mul_(part_coef)
+        x = x.clamp_min_(_OUTSIDE)  # -inf (masked) to -2: outside any support, no inf arithmetic
+        if alpha == 2.0:
+            part_tau, complete = _sparsemax_threshold(x, whole)
+        elif alpha == 1.5:
+            part_tau, complete = _entmax15_threshold(x, whole)
+        else:
+            part_tau, complete = _newton_threshold(x, part_coef, iterations, whole)
+        part_tau = torch.where(valid, part_tau, torch.full_like(part_tau, math.inf))
+        if todo is None:
+            peak, tau = top_peak, part_tau
+        else:
+            peak.index_copy_(0, todo, top_peak)
+            tau.index_copy_(0, todo, part_tau)
+        if whole:
+            return peak, tau
+        again = ~(complete | ~valid).squeeze(-1)
+        if not bool(again.any()):  # False on the meta device
+            return peak, tau
+        found = again.nonzero().squeeze(-1)
+        todo = found if todo is None else todo.index_select(0, found)
+        k = size if 2 * _GROWTH * k >= size else _GROWTH * k
 
 
 class _Entmax(torch.autograd.Function):
@@ -233,34 +329,62 @@ class _Entmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, scores: Tensor, alpha: Tensor, iterations: int) -> Tensor:
-        x, valid = _shifted(scores, alpha)
-        if alpha.numel() == 1 and float(alpha) == 2.0:
-            p = (x - _sparsemax_threshold(x)).clamp_min(0)
-        elif alpha.numel() == 1 and float(alpha) == 1.5:
-            p = (x - _entmax15_threshold(x)).clamp_min(0) ** 2
+        value = float(alpha) if alpha.numel() == 1 else math.nan  # NaN on the meta device
+        exact = value if value in (2.0, 1.5) else math.nan
+        size = scores.shape[-1]
+        shape = (*scores.shape[:-1], 1)
+        coef = alpha - 1
+        rows_coef = coef if coef.dim() == 0 else coef.expand(shape).reshape(-1, 1)
+        peak, tau = _threshold(scores.reshape(-1, size), rows_coef, exact, iterations)
+        peak, tau = peak.view(shape), tau.view(shape)
+        gap = torch.sub(scores, peak)  # the only new full-size tensor: the others work in place
+        if exact == 2.0:
+            p = gap.sub_(tau).clamp_min_(0)
+        elif exact == 1.5:
+            # (0.5 (z - peak) - tau)^2 = 0.25 ((z - peak) - 2 tau)^2, exactly (powers of 2).
+            p = gap.sub_(2 * tau).clamp_min_(0)
+            p = p.mul_(p).mul_(0.25)
         else:
-            p = (x - _bisect_threshold(x, alpha, iterations)).clamp_min(0) ** (1.0 / (alpha - 1))
+            # [coef (z - peak) - tau]_+^r is proportional to [(z - peak) - tau / coef]_+^r.
+            p = gap.sub_(tau / coef).clamp_min_(0).pow_(1.0 / coef)
             total = p.sum(dim=-1, keepdim=True)
-            p = p / torch.where(total == 0, torch.ones_like(total), total)
-        p = p * valid
-        ctx.save_for_backward(p, scores, alpha)
+            p = p.div_(torch.where(total == 0, torch.ones_like(total), total))
+        ctx.exact = exact
+        if ctx.needs_input_grad[1]:
+            ctx.save_for_backward(p, scores, alpha)
+        else:
+            ctx.save_for_backward(p, alpha)
         return p
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        p, scores, alpha = ctx.saved_tensors
-        inside = p > 0
-        s = torch.where(inside, p.clamp_min(torch.finfo(p.dtype).tiny) ** (2 - alpha), 0.0)
+        if ctx.needs_input_grad[1]:
+            p, scores, alpha = ctx.saved_tensors
+        else:
+            (p, alpha), scores = ctx.saved_tensors, None
+        # s = p^(2 - alpha) on the support, 0 elsewhere: the support indicator for sparsemax.
+        if ctx.exact == 2.0:
+            s = (p > 0).to(p.dtype)
+        elif ctx.exact == 1.5:
+            s = p.sqrt()
+        else:
+            s = p.pow(2 - alpha)  # 0 outside the support for alpha < 2
+            if not bool((alpha < 2).all()):  # 0^0 = 1 for alpha = 2
+                s = s.mul_(p > 0)
         s_total = s.sum(dim=-1, keepdim=True)
         s_total = torch.where(s_total > 0, s_total, torch.ones_like(s_total))
-        grad_scores = s * (grad - (s * grad).sum(dim=-1, keepdim=True) / s_total)
+        s_grad = s * grad
+        mean = s_grad.sum(dim=-1, keepdim=True) / s_total
         grad_alpha = None
-        if ctx.needs_input_grad[1]:
+        if scores is not None:
+            inside = p > 0
             z = torch.where(inside, scores, torch.zeros_like(scores))
-            p_log_p = torch.where(inside, p * p.clamp_min(torch.finfo(p.dtype).tiny).log(), 0.0)
+            p_log_p = torch.xlogy(p, p)  # 0 outside the support
             tau_grad = ((s * z).sum(-1, keepdim=True) - p_log_p.sum(-1, keepdim=True)) / s_total
             dp_dalpha = (-p_log_p + s * (z - tau_grad)) / (alpha - 1)
             grad_alpha = (grad * dp_dalpha).sum(dim=-1, keepdim=True).sum_to_size(alpha.shape)
+        # s (grad - mean), in place in the buffer of s * grad.
+        grad_scores = s_grad.addcmul_(s, mean, value=-1)
         return grad_scores, grad_alpha, None
 
 
@@ -269,7 +393,8 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
 
     ``alpha`` is a float in ``(1, 2]`` or a tensor broadcastable to ``scores[..., :1]``
     (gradients flow to it). ``alpha = 2`` (sparsemax) and ``1.5`` use exact sort-based
-    thresholds; other values bisection with ``iterations`` steps (a positive int).
+    thresholds; other values Newton's method with at most ``iterations`` steps (a positive int;
+    it stops earlier once the threshold is exact to a few ulps, usually after 3 to 8 steps).
     """
     check_int("iterations", iterations)
     alpha_t = torch.as_tensor(alpha, dtype=scores.dtype, device=scores.device)
@@ -292,7 +417,7 @@ class Sparsemax(Separation):
 
 
 class Entmax(Separation):
-    """alpha-entmax (Peters et al., 2019); ``alpha = 1.5`` exact, other alpha by bisection.
+    """alpha-entmax (Peters et al., 2019); ``alpha = 1.5`` exact, other alpha by Newton's method.
 
     With ``learnable=True`` the map is the "generalized sparse" separation of STanHop:
     ``alpha = 1 + sigmoid(a)`` in ``(1, 2)`` with one parameter ``a`` per head (``num_heads``),
@@ -302,7 +427,7 @@ class Entmax(Separation):
         alpha: the (initial) alpha, in ``(1, 2]`` (``(1, 2)`` when learnable).
         learnable: learn alpha.
         num_heads: number of heads for a per-head learnable alpha (``None``: one alpha).
-        iterations: bisection steps for alpha other than 1.5 and 2, a positive int.
+        iterations: at most this many Newton steps for alpha other than 1.5 and 2, a positive int.
     """
 
     def __init__(

@@ -1,0 +1,174 @@
+"""The fast threshold paths of sparsemax / entmax: partial sort (torch.topk) with retries, full
+sort and Newton, against each other, the float64 oracles and gradcheck, on rows long enough that
+the partial sort is taken (the first k is 16 for sparsemax, 64 for 1.5-entmax)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+from torch.autograd import gradcheck
+
+from hopfield.functional import Entmax, Sparsemax, entmax
+from hopfield.functional import separation as sep_module
+from hopfield.plan import measure_step
+from oracles import ref_entmax, ref_masked, ref_sparsemax
+
+INF = math.inf
+
+
+def mixed_rows(rows: int, keys: int, dtype: torch.dtype, seed: int = 0) -> Tensor:
+    """Rows with small and large supports (scales 0.01 to 10), masked entries, a fully masked
+    row, ties and a row with a single key."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.logspace(-2, 1, rows, dtype=dtype)[:, None]
+    z = torch.randn(rows, keys, generator=gen, dtype=dtype) * scale
+    z[1, ::3] = -INF
+    z[2] = -INF
+    z[3, 1:] = -INF
+    z[4] = 0.5  # all tied: support = the whole row
+    z[5, :40] = 2.0  # a tied block at the top
+    return z
+
+
+def forward_backward(
+    fn: Callable[[Tensor, Tensor | float], Tensor], z: Tensor, alpha: Tensor | float
+) -> tuple[Tensor, ...]:
+    z = z.clone().requires_grad_(True)
+    a = alpha.clone().requires_grad_(True) if isinstance(alpha, Tensor) else alpha
+    out = fn(z, a)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=z.dtype)
+    out.backward(upstream)
+    assert z.grad is not None
+    grads = (z.grad,) if not isinstance(a, Tensor) else (z.grad, a.grad)
+    return (out.detach(), *(g for g in grads if g is not None))
+
+
+@pytest.fixture
+def whole_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Make every threshold use the whole row (full sort, or Newton on the unsorted row)."""
+
+    def use() -> None:
+        monkeypatch.setattr(sep_module, "_FIRST_K_SPARSEMAX", 10**9)
+        monkeypatch.setattr(sep_module, "_FIRST_K_ENTMAX15", 10**9)
+        monkeypatch.setattr(sep_module, "_first_k_bisect", lambda coef: 0)
+
+    yield use
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [2.0, 1.5])
+@pytest.mark.parametrize("first_k", [None, 1, 3])
+def test_partial_sort_equals_full_sort_exactly(
+    whole_rows: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype,
+    alpha: float,
+    first_k: int | None,
+) -> None:
+    # first_k 1 or 3: almost every row is retried (k -> 8k -> 64k -> the whole row)
+    z = mixed_rows(64, 700, dtype)
+    if first_k is not None:
+        monkeypatch.setattr(sep_module, "_FIRST_K_SPARSEMAX", first_k)
+        monkeypatch.setattr(sep_module, "_FIRST_K_ENTMAX15", first_k)
+    fast = forward_backward(entmax, z, alpha)
+    whole_rows()
+    full = forward_backward(entmax, z, alpha)
+    for got, want in zip(fast, full, strict=True):
+        assert torch.equal(got, want)
+    support = (fast[0] > 0).sum(-1)
+    assert int(support.max()) > 64 and int(support.min()) == 0  # retries and a masked row
+
+
+def test_sparsemax_and_entmax15_long_rows_match_the_float64_oracles() -> None:
+    z = mixed_rows(48, 300, torch.float64)
+    expected = ref_masked(ref_sparsemax, z.numpy())
+    assert np.allclose(Sparsemax()(z).numpy(), expected, atol=1e-12)
+    expected = ref_masked(lambda r: ref_entmax(r, 1.5), z.numpy())
+    assert np.allclose(Entmax(1.5)(z).numpy(), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1.05, 1.3, 1.45, 1.8, 1.95])
+def test_newton_threshold_matches_the_float64_oracle(alpha: float) -> None:
+    z = mixed_rows(48, 300, torch.float64)
+    expected = ref_masked(lambda r: ref_entmax(r, alpha), z.numpy())
+    out = Entmax(alpha)(z)
+    assert np.allclose(out.numpy(), expected, atol=1e-12)
+    learnable = entmax(z, torch.tensor(alpha, dtype=z.dtype))
+    assert np.allclose(learnable.numpy(), expected, atol=1e-12)
+    assert torch.allclose(out.sum(-1)[torch.arange(48) != 2], torch.ones(47, dtype=z.dtype))
+
+
+@pytest.mark.parametrize("alpha", [1.05, 1.3, 1.8])
+def test_newton_partial_sort_agrees_with_the_whole_row(
+    whole_rows: Callable[[], None], alpha: float
+) -> None:
+    z = mixed_rows(64, 700, torch.float64)
+    a = torch.tensor(alpha, dtype=z.dtype)
+    fast = forward_backward(entmax, z, a)
+    whole_rows()
+    full = forward_backward(entmax, z, a)
+    for got, want in zip(fast, full, strict=True):
+        assert torch.allclose(got, want, atol=1e-12, rtol=1e-10)
+        assert bool(torch.isfinite(got).all())
+    assert torch.equal(fast[0] > 0, full[0] > 0)
+
+
+def test_newton_per_head_alpha_matches_the_oracle() -> None:
+    z = torch.randn(2, 3, 5, 200, dtype=torch.float64) * 3
+    alpha = torch.tensor([1.2, 1.6, 2.0], dtype=z.dtype).view(3, 1, 1)
+    out = entmax(z, alpha)
+    for h, a in enumerate((1.2, 1.6, 2.0)):
+        ref = ref_sparsemax if a == 2.0 else (lambda r, a=a: ref_entmax(r, a))
+        assert np.allclose(out[:, h].numpy(), ref(z[:, h].numpy()), atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_gradcheck_on_the_partial_sort_path(alpha: float) -> None:
+    z = mixed_rows(6, 40, torch.float64)[[0, 1, 2, 3, 5]]  # no exact ties (not differentiable)
+    z = z.masked_fill(torch.isinf(z), -INF).requires_grad_(True)
+    assert gradcheck(lambda x: entmax(x, alpha), (z,))
+
+
+def test_gradcheck_learnable_alpha_on_the_partial_sort_path() -> None:
+    z = (torch.randn(2, 3, 40, dtype=torch.float64) * 2).requires_grad_(True)
+    logit = torch.tensor([0.3, -0.2], dtype=torch.float64).view(2, 1, 1).requires_grad_(True)
+    assert gradcheck(lambda x, a: entmax(x, 1 + torch.sigmoid(a)), (z, logit))
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_masked_rows_have_exact_zeros_and_finite_gradients(alpha: float) -> None:
+    z = mixed_rows(32, 200, torch.float32).requires_grad_(True)
+    a = torch.tensor(alpha, requires_grad=alpha != 2.0)
+    out = entmax(z, a)
+    assert bool(torch.isfinite(out).all())
+    assert bool((out[1, ::3] == 0).all()) and bool((out[2] == 0).all())
+    assert out[3, 0] == 1 and bool((out[3, 1:] == 0).all())
+    (out * torch.randn_like(out)).sum().backward()
+    assert z.grad is not None and bool(torch.isfinite(z.grad).all())
+    assert bool((z.grad[2] == 0).all())
+    if a.grad is not None:
+        assert bool(torch.isfinite(a.grad).all())
+
+
+def test_plan_measures_entmax_on_the_meta_device() -> None:
+    meta = torch.device("meta")
+    for sep in (Sparsemax(), Entmax(1.5), Entmax(1.3), Entmax(1.5, learnable=True)):
+        sep = sep.to(meta)
+        z = torch.randn(2, 4, 300, device=meta, requires_grad=True)
+        measured = measure_step(sep, z, lambda model, x: model(x).pow(2).sum())
+        assert measured.activation_bytes > 0
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_no_rows_give_an_empty_result_and_gradient(alpha: float) -> None:
+    z = torch.randn(0, 3, 50, requires_grad=True)
+    a = torch.tensor(alpha, requires_grad=alpha != 2.0)
+    out = entmax(z, a)
+    assert out.shape == z.shape
+    out.sum().backward()
+    assert z.grad is not None and z.grad.shape == z.shape
