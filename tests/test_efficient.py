@@ -492,3 +492,125 @@ def test_topk_fraction_with_causal_rule_counts_visible_keys() -> None:
             )[0],
             ref,
         )
+
+
+# ------------------------------------------------------------------------------------------------
+# Fast paths (issue 16): the redrawing sampler, the group-threshold top-K, pieces, recomputation
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,count", [(12, 3), (12, 6), (2048, 64)])
+def test_rejection_sample_is_exact_and_uniform(n: int, count: int) -> None:
+    from hopfield.functional.efficient import rejection_sample
+
+    rows = 20000
+    gen = torch.Generator().manual_seed(0)
+    chosen = rejection_sample(
+        torch.full((rows,), count),
+        torch.full((rows,), n),
+        count,
+        lambda shape: torch.rand(shape, generator=gen),
+    )
+    assert ((chosen >= 0) & (chosen < n)).all()
+    assert (chosen.sort(-1).values.diff(dim=-1) > 0).all()  # distinct
+    freq = torch.bincount(chosen.flatten(), minlength=n).double() / rows
+    torch.testing.assert_close(freq, torch.full((n,), count / n, dtype=D), atol=0.02, rtol=0)
+    if count == 3:  # every one of the 220 subsets about equally often: chi-square, 219 d.o.f.
+        _, hist = (1 << chosen).sum(-1).unique(return_counts=True)
+        assert hist.numel() == math.comb(n, count)
+        expected = rows / hist.numel()
+        chi2 = float(((hist - expected) ** 2 / expected).sum())
+        assert chi2 < 219 + 5 * math.sqrt(2 * 219)
+
+
+def test_sample_subsets_mixed_rows_and_causal_random_mask() -> None:
+    from hopfield.functional.efficient import sample_subsets
+
+    gen = torch.Generator().manual_seed(1)
+    n = torch.tensor([0, 1, 5, 8, 40, 100, 3])
+    count = torch.minimum(torch.full_like(n, 4), n)
+    chosen = sample_subsets(count, n, 4, lambda shape: torch.rand(shape, generator=gen))
+    for row in range(n.numel()):
+        c = int(count[row])
+        picked = chosen[row, :c]
+        assert picked.unique().numel() == c and bool((picked < n[row]).all())
+        assert (chosen[row, c:] == 0).all()
+    # Causal RandomMask through the index sampler: only visible keys, exactly min(k, visible).
+    q, k, v = patterns(b=2, h=2, length=40, size=40)
+    allowed = support_of(RandomMask(4, seed=2), q, k, v, causal=True)
+    visible = causal_allowed(40, 40)
+    assert not (allowed & ~visible).any()
+    assert torch.equal(allowed.sum(-1)[0, 0], torch.clamp(visible.sum(-1), max=4))
+
+
+def test_top_scores_matches_topk_with_ties_masks_and_pieces() -> None:
+    from hopfield.functional.efficient import top_scores
+
+    gen = torch.Generator().manual_seed(0)
+    for width, count in [(1024, 8), (300, 4), (5000, 64), (40, 5)]:
+        x = torch.randn(2, 3, 9, width, dtype=D, generator=gen)
+        x[0, 0, 0] = -math.inf
+        x[0, 0, 0, 5] = 1.0  # a single finite score
+        x[0, 0, 1] = 0.5  # all tied
+        x[1, 2, 3, width // 3 :] = -math.inf  # padding
+        x[1, 1, 1, :: width // count] = 7.0  # ties at the top
+        values, idx = top_scores(x, count)
+        expected = x.topk(count, dim=-1).values
+        assert torch.equal(values.sort(-1).values, expected.sort(-1).values)
+        assert torch.equal(x.gather(-1, idx), values)
+        assert (idx.sort(-1).values.diff(dim=-1) > 0).all()  # distinct keys
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "padding"])
+def test_topk_wide_rows_and_pieces_equal_dense_with_explicit_mask(monkeypatch, causal, mask_kind):
+    import hopfield.functional.efficient as efficient
+
+    monkeypatch.setattr(efficient, "_SCORE_PIECE", 600)  # several pieces of queries
+    q, k, v = patterns(b=2, h=2, length=50, size=200, e=4, ev=3)
+    mask = None
+    allowed = causal_allowed(50, 200) if causal else torch.ones(50, 200, dtype=torch.bool)
+    if mask_kind == "padding":
+        mask = torch.ones(2, 1, 1, 200, dtype=torch.bool)
+        mask[1, ..., 150:] = False
+        allowed = allowed & mask
+    structure = TopK(4, chunk_size=128)  # rows of >= 16 K keys: the group threshold
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out, weights = structure(
+                q,
+                k,
+                v,
+                separation=Softmax(),
+                scale=0.7,
+                mask=mask,
+                causal=causal,
+                dropout=0.0,
+                return_weights=not grad,
+            )
+        kept = topk_support(q, k, 0.7, 4, allowed)
+        if weights is not None:
+            assert torch.equal(weights > 0, kept)
+            assert (weights[~kept] == 0).all()
+        ref, _ = reference(q, k, v, Softmax(), 0.7, kept)
+        if grad:
+            assert_same(out, ref, (q, k, v))
+        else:
+            torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax()])
+@pytest.mark.parametrize("causal", [False, True])
+def test_random_mask_recomputed_gradients_equal_explicit(separation, causal) -> None:
+    q, k, v = patterns(b=2, h=2, length=30, size=30)
+    structure = RandomMask(4, seed=3).eval()  # the same subsets at every call
+    allowed = support_of(structure, q, k, v, causal=causal)
+    out = associate(q, k, v, separation=separation, structure=structure, causal=causal)
+    ref, _ = reference(q, k, v, separation, 1 / math.sqrt(4), allowed)
+    assert_same(out, ref, (q, k, v))
+
+    def f(q, k, v):
+        return associate(q, k, v, structure=RandomMask(3, seed=0).eval(), causal=causal)
+
+    small = patterns(b=1, h=1, length=8, size=8, e=3, ev=2)
+    assert torch.autograd.gradcheck(f, small)

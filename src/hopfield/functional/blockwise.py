@@ -347,7 +347,8 @@ class _TopKRecomputed(torch.autograd.Function):
         size, ev = k.shape[-2], v.shape[-1]
         scale_any: Tensor | float = float_scale if scale is None else scale
         upper = upper_count(structure.k, structure.fraction, size)
-        chunk = min(size, max(structure.chunk_size, upper))
+        # Top-K's key chunks (RandomMask, which also runs here, has none).
+        chunk = min(size, max(getattr(structure, "chunk_size", 0), upper))
         scores_per_query = size if upper * _DENSE_SCORES_FROM >= size else upper * dim
         # The backward pass holds the gathered keys and values and their gradients.
         per_query = max(scores_per_query, 2 * upper + chunk, 2 * upper * max(dim, ev))

@@ -20,6 +20,7 @@ additive float; broadcastable to ``(B, H, L, S)``), ``causal`` (query ``i`` sees
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -114,6 +115,28 @@ def upper_count(k: int | None, fraction: float | None, size: int) -> int:
 _DENSE_SCORES_FROM = 8
 
 
+# Scores per piece of Top-K's support search (kept small enough to stay in cache).
+_SCORE_PIECE = 1 << 21
+# Gathered keys per piece of :func:`_gathered_scores` (kept small enough to stay in cache).
+_GATHER_PIECE = 1 << 19
+
+
+def _gathered_scores(q: Tensor, k_flat: Tensor, flat: Tensor) -> Tensor:
+    """``⟨q_i, k_flat[flat_ij]⟩``: scores ``(B, H, Lc, K)`` of the queries ``q (B, H, Lc, E)``
+    against their gathered keys, in pieces of rows whose gathered keys stay in cache (a
+    product and a sum, not a batch of matrix-vector products)."""
+    batch, heads, rows, slots = flat.shape
+    dim = k_flat.shape[-1]
+    step = max(1, _GATHER_PIECE // max(1, batch * heads * slots * dim))
+    pieces = []
+    for lo in range(0, rows, step):
+        hi = min(lo + step, rows)
+        keys = k_flat.index_select(0, flat[:, :, lo:hi].reshape(-1))
+        keys = keys.view(batch, heads, hi - lo, slots, dim)
+        pieces.append((keys * q[:, :, lo:hi].unsqueeze(-2)).sum(-1))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
 class _GatheredStructure(Structure):
     """Base of structures whose support is a per-query list of key indices ``(B, H, L, K)``.
 
@@ -166,8 +189,7 @@ class _GatheredStructure(Structure):
                 keys = k_flat.view(batch, heads, size, k_flat.shape[-1])
                 scores = torch.matmul(q, keys.transpose(-1, -2)).gather(-1, idx) * scale
             else:
-                keys = F.embedding(flat, k_flat)  # (B, H, Lc, K, E)
-                scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1) * scale
+                scores = _gathered_scores(q, k_flat, flat) * scale
             if bias is not None:
                 scores = scores + _take_columns(bias, idx)
             if causal:
@@ -315,6 +337,61 @@ def _recompute_applies(
     )
 
 
+def top_scores(scores: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The ``count`` largest entries of each row of ``scores (..., W)`` and their column indices
+    (unsorted), as :meth:`torch.Tensor.topk` gives them, at a fraction of its cost for wide rows.
+
+    The row is cut into ``G >= 2·count`` groups of ``g`` columns; the ``count``-th largest group
+    maximum ``t`` is a lower bound of the row's ``count``-th largest entry (``count`` distinct
+    entries, the group maxima, are ``>= t``), so the row's top ``count`` are among its entries
+    ``>= t``. Those candidates (about ``1.5 · count`` for scores without structure) are gathered
+    into a padded ``(rows, C)`` block and ranked by :meth:`~torch.Tensor.topk`. The selection
+    only ever ranks ``G + C`` instead of ``W`` entries per row; rows whose candidates are too
+    few (fewer than ``count`` finite entries) or too many (heavy ties) take the plain
+    :meth:`~torch.Tensor.topk` of their whole row. Ties at the ``count``-th entry may keep
+    other (equal-scored) columns than a plain ``topk``; the kept scores are the same.
+    """
+    width = scores.shape[-1]
+    if count >= width:
+        idx = torch.arange(width, device=scores.device).expand(scores.shape)
+        return scores, idx
+    if width < 16 * count:
+        values, idx = scores.topk(count, dim=-1, sorted=False)
+        return values, idx
+    shape = scores.shape[:-1]
+    flat = scores.reshape(-1, width)
+    rows = flat.shape[0]
+    group = width // (2 * count)
+    groups = width // group
+    maxima = flat[:, : groups * group].reshape(rows, groups, group).amax(-1)
+    threshold = maxima.topk(count, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    where = (flat >= threshold).nonzero()
+    row, col = where[:, 0], where[:, 1]
+    counts = torch.bincount(row, minlength=rows)
+    cap = 8 * count
+    plain = (counts < count) | (counts > cap) | ~torch.isfinite(threshold.squeeze(-1))
+    any_plain = bool(plain.any())
+    if any_plain:
+        kept = ~plain[row]
+        row, col = row[kept], col[kept]
+        counts = counts.masked_fill(plain, 0)
+    starts = torch.cumsum(counts, 0) - counts
+    position = torch.arange(row.shape[0], device=scores.device) - starts[row]
+    slots = max(int(counts.max()), count) if rows else count
+    candidates = flat.new_full((rows, slots), -math.inf)
+    candidates[row, position] = flat[row, col]
+    columns = torch.zeros(rows, slots, dtype=torch.int64, device=scores.device)
+    columns[row, position] = col
+    values, chosen = candidates.topk(count, dim=-1, sorted=False)
+    idx = columns.gather(-1, chosen)
+    if any_plain:
+        redo = plain.nonzero().squeeze(-1)
+        plain_values, plain_idx = flat[redo].topk(count, dim=-1, sorted=False)
+        values[redo] = plain_values
+        idx[redo] = plain_idx
+    return values.view(*shape, count), idx.view(*shape, count)
+
+
 class TopK(_GatheredStructure):
     """Each query keeps its ``K`` largest scores; the separation runs over those only (eq. 3.8).
 
@@ -412,10 +489,74 @@ class TopK(_GatheredStructure):
         start: int,
         length: int,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The support search in pieces of queries whose score block stays in cache."""
+        batch, heads, rows, _ = q.shape
+        size = k.shape[-2]
+        chunk = min(size, max(self.chunk_size, upper_count(self.k, self.fraction, size)))
+        step = max(1, _SCORE_PIECE // max(1, batch * heads * chunk))
+        if step >= rows:
+            return self._support_piece(
+                q, k, scale=scale, bias=bias, causal=causal, start=start, length=length
+            )
+        parts = []
+        for lo in range(0, rows, step):
+            hi = min(lo + step, rows)
+            piece_scale = _rows(scale, lo, hi, rows)
+            piece_bias = None if bias is None else _rows(bias, lo, hi, rows)
+            assert not isinstance(piece_bias, float)
+            parts.append(
+                self._support_piece(
+                    q[:, :, lo:hi],
+                    k,
+                    scale=piece_scale,
+                    bias=piece_bias,
+                    causal=causal,
+                    start=start + lo,
+                    length=length,
+                )
+            )
+        slots = max(p[0].shape[-1] for p in parts)
+        idx = torch.cat([F.pad(p[0], (0, slots - p[0].shape[-1])) for p in parts], dim=2)
+        best = torch.cat(
+            [
+                F.pad(p[2], (0, slots - p[2].shape[-1]), value=-math.inf)
+                for p in parts
+                if p[2] is not None
+            ],
+            dim=2,
+        )
+        keep = torch.cat(
+            [
+                F.pad(
+                    torch.ones(p[0].shape, dtype=torch.bool, device=q.device)
+                    if p[1] is None
+                    else p[1],
+                    (0, slots - p[0].shape[-1]),
+                    value=False,
+                )
+                for p in parts
+            ],
+            dim=2,
+        )
+        return idx, (None if bool(keep.all()) else keep), best
+
+    def _support_piece(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        start: int,
+        length: int,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
         chunk = min(size, max(self.chunk_size, upper))
+        # Causal: no query of the piece sees beyond this column (but keep at least ``upper``).
+        end = max(min(size, start + rows + size - length), upper) if causal else size
         query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
         best_scores: Tensor | None = None
         best_idx: Tensor | None = None
@@ -426,9 +567,10 @@ class TopK(_GatheredStructure):
         else:
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
-        for lo in range(0, size, chunk):
-            hi = min(lo + chunk, size)
-            scores = torch.matmul(q, k[:, :, lo:hi].transpose(-1, -2)) * scale
+        q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
+        for lo in range(0, end, chunk):
+            hi = min(lo + chunk, end)
+            scores = torch.matmul(q_scaled, k[:, :, lo:hi].transpose(-1, -2))
             if bias is not None:
                 scores = scores + (bias if bias.shape[-1] == 1 else bias[..., lo:hi])
             if causal:
@@ -437,12 +579,16 @@ class TopK(_GatheredStructure):
             scores = scores.expand(batch, heads, rows, hi - lo)
             if count_valid:
                 valid += torch.isfinite(scores).sum(-1)
-            cols_idx = torch.arange(lo, hi, device=q.device).expand(batch, heads, rows, hi - lo)
+            chunk_scores, chunk_idx = top_scores(scores, min(upper, hi - lo))
+            if lo:
+                chunk_idx = chunk_idx + lo
             if best_scores is not None and best_idx is not None:
-                scores = torch.cat([best_scores, scores], dim=-1)
-                cols_idx = torch.cat([best_idx, cols_idx], dim=-1)
-            best_scores, position = scores.topk(min(upper, scores.shape[-1]), dim=-1, sorted=False)
-            best_idx = cols_idx.gather(-1, position)
+                merged = torch.cat([best_scores, chunk_scores], dim=-1)
+                merged_idx = torch.cat([best_idx, chunk_idx], dim=-1)
+                best_scores, position = merged.topk(upper, dim=-1, sorted=False)
+                best_idx = merged_idx.gather(-1, position)
+            else:
+                best_scores, best_idx = chunk_scores, chunk_idx
         assert best_idx is not None and best_scores is not None
         kept = support_size(valid, self.k, self.fraction)
         slots = best_idx.shape[-1]
@@ -492,6 +638,105 @@ def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
     return chosen
 
 
+def rejection_sample(
+    count: Tensor, n: Tensor, slots: int, draw: Callable[[tuple[int, ...]], Tensor]
+) -> Tensor:
+    """Uniform random subsets without replacement, one per row, by redrawing repeated keys.
+
+    Row ``r`` draws ``count[r]`` keys uniformly *with* replacement from ``[0, n[r])``; the slots
+    that repeat a key held by another slot of the row are redrawn (again uniformly from all
+    ``n[r]`` keys) until the row's ``count[r]`` keys are distinct. The held set is the set of the
+    first ``count[r]`` distinct values of an i.i.d. uniform stream, whose law is invariant under
+    relabelling the keys: a uniform ``count[r]``-subset (the law of :func:`floyd_sample`). Which
+    copy of a repeated key is redrawn does not matter (the copies hold the same key), so repeats
+    are found by letting every slot write its number into a per-row table at its key and
+    redrawing the slots that do not read their own number back.
+
+    A redraw repeats a held key with probability ``count / n``, so this is meant for
+    ``2 · count <= n``: each round redraws at most half of the previous round's slots on average.
+    Cost ``O(R · slots)`` per round; the ``R × max(n)`` table (two bytes an entry, rows in chunks
+    of ``2**22`` entries) is never cleared: only entries written in the call are read.
+
+    Args:
+        count: ``(R,)`` subset sizes (int64), ``count <= n``.
+        n: ``(R,)`` population sizes (int64).
+        slots: number of output columns, ``>= max(count)``; columns ``>= count[r]`` hold 0.
+        draw: ``draw(shape)`` returns uniform numbers in ``[0, 1)`` of that shape (the only
+            randomness used).
+    Returns:
+        ``(R, slots)`` int64 indices.
+    """
+    rows = n.shape[0]
+    width = max(int(n.max()), 1) if rows else 1
+    chunk = max(1, (1 << 22) // width)
+    if rows > chunk:
+        parts = [
+            rejection_sample(count[lo : lo + chunk], n[lo : lo + chunk], slots, draw)
+            for lo in range(0, rows, chunk)
+        ]
+        return torch.cat(parts)
+    device = n.device
+    active = torch.arange(slots, device=device) < count.unsqueeze(-1)
+    population = n.to(torch.float64).unsqueeze(-1)
+    chosen = (draw((rows, slots)).to(torch.float64) * population).to(torch.int64)
+    chosen = torch.minimum(chosen, (n - 1).clamp_min(0).unsqueeze(-1)).masked_fill_(~active, 0)
+    id_type = torch.int16 if slots < 2**15 else torch.int32
+    slot = torch.arange(slots, dtype=id_type, device=device)
+    # Inactive slots write nothing (index 0 with their own id would clash): send them to a spare
+    # column of their own.
+    table = torch.empty(rows, width + 1, dtype=id_type, device=device)
+    spare = torch.full_like(chosen, width)
+    where = torch.where(active, chosen, spare)
+    table.scatter_(1, where, slot.expand(rows, slots))
+    repeat = (table.gather(1, where) != slot) & active
+    pending = repeat.any(-1).nonzero().squeeze(-1)
+    while pending.numel():
+        which = repeat[pending].nonzero()
+        row = pending[which[:, 0]]
+        fresh = (draw((row.shape[0],)).to(torch.float64) * population[row, 0]).to(torch.int64)
+        fresh = torch.minimum(fresh, n[row] - 1)
+        chosen[row, which[:, 1]] = fresh
+        table[row, fresh] = which[:, 1].to(id_type)
+        held = torch.where(active[pending], chosen[pending], spare[pending])
+        owner = table.view(-1)[held + pending.unsqueeze(-1) * (width + 1)]
+        again = (owner != slot) & active[pending]
+        repeat = torch.zeros_like(repeat)
+        repeat[pending] = again
+        pending = pending[again.any(-1)]
+    return chosen
+
+
+def sample_subsets(
+    count: Tensor, n: Tensor, slots: int, draw: Callable[[tuple[int, ...]], Tensor]
+) -> Tensor:
+    """Uniform ``count[r]``-subsets of ``[0, n[r])`` per row, ``(R, slots)`` int64 (0-filled).
+
+    Rows with ``2 · count <= n`` use :func:`rejection_sample` (about ``O(slots · log slots)`` per
+    row); the others (nearly full subsets, e.g. the first queries of causal association) use
+    :func:`floyd_sample` (``O(slots²)`` per row). Both draw uniform subsets.
+    """
+    sparse = 2 * count <= n
+    if bool(sparse.all()):
+        return rejection_sample(count, n, slots, draw)
+    chosen = torch.zeros(n.shape[0], slots, dtype=torch.int64, device=n.device)
+    where = sparse.nonzero().squeeze(-1)
+    if where.numel():
+        chosen[where] = rejection_sample(count[where], n[where], slots, draw)
+    full = (~sparse).nonzero().squeeze(-1)
+    width = max(int(count[full].max()), 1)
+    picked = floyd_sample(count[full], n[full], width, draw((full.shape[0], width)))
+    chosen[full, :width] = picked
+    return chosen
+
+
+def _index_sampler_applies(upper: int, size: int, causal: bool) -> bool:
+    """Whether :class:`RandomMask` samples key indices directly (:func:`sample_subsets`, no
+    ``L × S`` work) rather than ranking random priorities over all keys: without a mask, when
+    at most half the keys are drawn (and, causal, when the nearly full subsets of the first
+    queries are small enough for Floyd's ``O(k²)`` per row)."""
+    return 2 * upper <= size and (not causal or upper * upper <= 4 * size)
+
+
 class RandomMask(_GatheredStructure):
     """Each query sees an exactly-``k`` uniformly random subset of the memories (paper Example 1).
 
@@ -500,9 +745,12 @@ class RandomMask(_GatheredStructure):
     directly or as ``max(1, int(fraction · valid keys))`` (``fraction`` = share *kept*; the
     paper's "mask probability" p is ``1 - fraction``).
 
-    Sampling: Floyd's algorithm (``O(L · k²)``, no ``L × S`` work) when no mask is given and
-    ``k² <= 4 S``; otherwise uniform random priorities over the allowed keys, keeping the ``k``
-    largest, or, when most keys are kept, dropping the ``n - k`` smallest.
+    Sampling: without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key indices are
+    drawn directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws whose repeats
+    are redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the rows that keep
+    more than half their keys); otherwise uniform random priorities over the allowed keys,
+    keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k`` smallest.
+    Every path draws each query's subset uniformly among the allowed ``k``-subsets.
 
     Randomness and modes:
 
@@ -612,6 +860,21 @@ class RandomMask(_GatheredStructure):
         upper = upper_count(self.k, self.fraction, size)
         self._call_generator = self._generator_for(q.device)
         try:
+            if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
+                # Gradients: store the sampled indices only, recompute the scores in backward.
+                from hopfield.functional.blockwise import topk_recomputed
+
+                out = topk_recomputed(
+                    self,
+                    q,
+                    k,
+                    v,
+                    separation=separation,
+                    scale=scale,
+                    bias=additive_bias(mask, q.dtype),
+                    causal=causal,
+                )
+                return out, None
             return self._run(
                 q,
                 k,
@@ -623,7 +886,9 @@ class RandomMask(_GatheredStructure):
                 dropout=dropout,
                 return_weights=return_weights,
                 slots=upper,
-                extra_per_query=size if (mask is not None or upper * upper > 4 * size) else upper,
+                extra_per_query=(
+                    upper if mask is None and _index_sampler_applies(upper, size, causal) else size
+                ),
             )
         finally:
             self._call_generator = None
@@ -657,24 +922,26 @@ class RandomMask(_GatheredStructure):
         if forced is not None and bool(((forced < 0) | (forced >= size)).any()):
             raise ValueError(f"force must hold key indices in [0, {size}), got values outside")
         upper = upper_count(self.k, self.fraction, size)
-        if bias is None and upper * upper <= 4 * size:
+        if bias is None and _index_sampler_applies(upper, size, causal):
             n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
                 batch, heads, rows
             )
             count = torch.minimum(support_size(n, self.k, self.fraction), n)
             slots = int(count.max()) if count.numel() else 0
             slots = max(slots, 1)
+
+            def draw(shape: tuple[int, ...]) -> Tensor:
+                return self._rand(shape, device)
+
             if forced is None:
-                rand = self._rand((batch * heads * rows, slots), device)
-                idx = floyd_sample(count.reshape(-1), n.reshape(-1), slots, rand)
+                idx = sample_subsets(count.reshape(-1), n.reshape(-1), slots, draw)
             else:
                 # The forced key first, then count - 1 others drawn from the remaining n - 1 keys.
-                rand = self._rand((batch * heads * rows, slots), device)
-                others = floyd_sample(
+                others = sample_subsets(
                     (count - 1).clamp_min(0).reshape(-1),
                     (n - 1).clamp_min(0).reshape(-1),
                     slots,
-                    rand,
+                    draw,
                 ).view(batch, heads, rows, slots)
                 target = forced.unsqueeze(-1)
                 others = others + (others >= target).to(torch.int64)
