@@ -403,3 +403,23 @@ def test_kernel_structures_in_layers(structure) -> None:
     pooling = HopfieldPooling(8, quantity=2, num_heads=2, structure=structure)
     pooled = pooling(x, key_padding_mask=padding)
     assert pooled.shape[:2] == (3, 2) and torch.isfinite(pooled).all()
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.3, "tensor"])
+def test_random_features_fast_query_path_is_a_per_row_rescaling(scale) -> None:
+    """Stabilised query features leave out -‖x'‖²/2 with the per-query shift: each row is the
+    unstabilised row times one positive factor, and keys keep one factor per (batch, head)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 5, dtype=torch.float64, generator=gen)
+    beta = (
+        torch.tensor([0.2, 0.5, 1.0], dtype=torch.float64).view(3, 1, 1)
+        if scale == "tensor"
+        else scale
+    )
+    rf = RandomFeatures(11, seed=0, dtype=torch.float64)
+    for is_query, dims in ((True, -1), (False, (-1, -2))):
+        fast = rf.features(x, beta, is_query=is_query)
+        plain = rf.features(x, beta, is_query=is_query, stabilize=False)
+        ratio = fast / plain
+        assert bool((ratio > 0).all())
+        torch.testing.assert_close(ratio, ratio.mean(dim=dims, keepdim=True).expand_as(ratio))

@@ -397,12 +397,14 @@ class TopK(_GatheredStructure):
 
     ``K = k``, or ``K = max(1, int(fraction · valid keys))`` per query, where the valid keys are
     those the mask (and the causal rule) allow. Exactly ``K`` keys are kept (ties at the K-th
-    score are broken by index order of :func:`torch.topk`); every other key has weight exactly 0.
+    score keep some of the tied keys, the same in every path); every other key has weight
+    exactly 0.
     A ``k`` above the number of valid keys (e.g. ``k > S``) keeps them all: the dense association.
     Any separation works over the kept scores (softmax, sparsemax, entmax, ...).
 
-    Scores are computed in chunks of ``chunk_size`` keys with a running top-K, and queries in
-    blocks, so peak memory stays ``O(Lc · (K + chunk))`` however long the memory is; the
+    Scores are computed in chunks of ``chunk_size`` keys with a running top-K (each chunk ranked
+    by :func:`top_scores`: only its entries above a group-maximum threshold), and queries in
+    cache-sized blocks, so peak memory stays ``O(Lc · (K + chunk))`` however long the memory is; the
     aggregation gathers the ``K`` kept values (``O(L · K · Ev)``). Gradients flow through the
     kept scores (the selection itself is piecewise constant). When gradients are needed (no
     dropout, no ``return_weights``) only the kept indices ``(B, H, L, K)`` are stored and the

@@ -435,10 +435,27 @@ class RandomFeatures(_KernelStructure):
         zero-weight keys from the stabiliser.
         """
         projection = self._projection_for(x.shape[-1]).to(x.dtype)
-        scaled = x * self._root_scale(scale)
-        mapped = torch.matmul(scaled, projection.transpose(-1, -2))
+        root = self._root_scale(scale)
+        scaled: Tensor | None
+        if isinstance(root, Tensor):
+            scaled = x * root
+            mapped = torch.matmul(scaled, projection.transpose(-1, -2))
+        else:
+            # √β folded into the (m, E) projection instead of the (N, E) patterns.
+            mapped = torch.matmul(x, (projection * root).transpose(-1, -2))
+            scaled = x if root == 1.0 else None
         if self.kernel_name == "relu":
             return F.relu(mapped) + self.relu_eps
+        # exp(logits) / √m computed as exp(logits - ln √m): one pass fewer.
+        log_root_m = 0.5 * math.log(projection.shape[0])
+        if stabilize and is_query:
+            # The per-query stabiliser cancels the per-query -‖x'‖²/2 exactly: leave both out.
+            with torch.no_grad():
+                shift = mapped.amax(dim=-1, keepdim=True)
+                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            return torch.exp(mapped - (shift + log_root_m))
+        if scaled is None:
+            scaled = x * root
         logits = mapped - 0.5 * (scaled * scaled).sum(dim=-1, keepdim=True)
         if stabilize:
             with torch.no_grad():
@@ -451,8 +468,8 @@ class RandomFeatures(_KernelStructure):
                         logits_valid = logits
                     shift = logits_valid.amax(dim=(-1, -2), keepdim=True)
                 shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-            logits = logits - shift
-        return torch.exp(logits) / math.sqrt(projection.shape[0])
+            return torch.exp(logits - (shift + log_root_m))
+        return torch.exp(logits - log_root_m)
 
     def kernel(self, q: Tensor, k: Tensor, scale: Scale) -> Tensor:
         """The estimated kernel matrix ``(B, H, L, S)`` (estimates ``exp(scale·⟨q, k⟩)`` for softmax)."""
