@@ -27,6 +27,15 @@ def interleaved_ratio(
     Timing the two alternately and taking the median of the per-pair ratios keeps the ratio
     steady when other work on the machine speeds up or slows down both over the run.
     """
+    ratio, _, ours, base = interleaved_ratios(fn, baseline, repeats, warmup)
+    return ratio, ours, base
+
+
+def interleaved_ratios(
+    fn: Callable[[], object], baseline: Callable[[], object], repeats: int, warmup: int = 1
+) -> tuple[float, tuple[float, float], float, float]:
+    """As :func:`interleaved_ratio`, plus the quartiles of the per-pair ratios:
+    ``(median ratio, (q25, q75), median fn s, median baseline s)``."""
     for _ in range(warmup):
         fn()
         baseline()
@@ -37,4 +46,8 @@ def interleaved_ratio(
             call()
             times.append(time.perf_counter() - start)
     ratios = [a / b for a, b in zip(ours, base, strict=True)]
-    return statistics.median(ratios), statistics.median(ours), statistics.median(base)
+    if len(ratios) > 1:
+        q25, _, q75 = statistics.quantiles(ratios, n=4, method="inclusive")
+    else:
+        q25 = q75 = ratios[0]
+    return statistics.median(ratios), (q25, q75), statistics.median(ours), statistics.median(base)

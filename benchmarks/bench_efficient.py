@@ -129,13 +129,17 @@ print(json.dumps({"growth_mib": max(0, peak - before) / 2**20, "cpu_s": cpu, "wa
 
 
 def sparse_memory(
-    lengths: list[int], heads: list[int], dim: int, threads: int
+    lengths: list[int],
+    heads: list[int],
+    dim: int,
+    threads: int,
+    models: tuple[str, ...] = ("sparsemax", "topk64"),
 ) -> list[dict[str, float | int | str | bool]]:
-    """Peak RSS growth of sparsemax and Top-K(64) attention, one subprocess per case."""
+    """Peak RSS growth of sparsemax and Top-K(64) attention (``models``), one subprocess per case."""
     rows: list[dict[str, float | int | str | bool]] = []
     for length in lengths:
         for count in heads:
-            for name in ("sparsemax", "topk64"):
+            for name in models:
                 for backward in (False, True):
                     args = [name, length, count, dim, int(backward), threads]
                     done = subprocess.run(
