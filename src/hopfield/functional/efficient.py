@@ -150,6 +150,32 @@ class _GatheredStructure(Structure):
     def _block_length(self, batch_heads: int, per_query: int, length: int) -> int:
         return max(1, min(length, self.max_block_elements // max(1, batch_heads * per_query)))
 
+    def _recomputed(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
+    ) -> Tensor:
+        """The association ``(B, H, L, Ev)`` that keeps only the selected key indices for the
+        backward pass and recomputes their scores there
+        (:func:`hopfield.functional.blockwise.topk_recomputed`)."""
+        from hopfield.functional.blockwise import topk_recomputed
+
+        return topk_recomputed(
+            self,
+            q,
+            k,
+            v,
+            separation=separation,
+            scale=scale,
+            bias=additive_bias(mask, q.dtype),
+            causal=causal,
+        )
+
     @staticmethod
     def _associate_gathered(
         q: Tensor,
@@ -450,19 +476,7 @@ class TopK(_GatheredStructure):
     ) -> tuple[Tensor, Tensor | None]:
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
         if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
-            from hopfield.functional.blockwise import topk_recomputed
-
-            out = topk_recomputed(
-                self,
-                q,
-                k,
-                v,
-                separation=separation,
-                scale=scale,
-                bias=additive_bias(mask, q.dtype),
-                causal=causal,
-            )
-            return out, None
+            return self._recomputed(q, k, v, separation, scale, mask, causal), None
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
         chunk = min(size, max(self.chunk_size, upper))
@@ -864,19 +878,7 @@ class RandomMask(_GatheredStructure):
         try:
             if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
                 # Gradients: store the sampled indices only, recompute the scores in backward.
-                from hopfield.functional.blockwise import topk_recomputed
-
-                out = topk_recomputed(
-                    self,
-                    q,
-                    k,
-                    v,
-                    separation=separation,
-                    scale=scale,
-                    bias=additive_bias(mask, q.dtype),
-                    causal=causal,
-                )
-                return out, None
+                return self._recomputed(q, k, v, separation, scale, mask, causal), None
             return self._run(
                 q,
                 k,
