@@ -18,7 +18,7 @@ For sparsemax (``r = 1``) this is Michelot's algorithm ``τ ← (Σ_{x>τ} x - 1
 exact once the support ``{x > τ}`` stops changing (at most ``S`` steps, usually a handful).
 For α < 2 the steps stop when the support is unchanged and ``h - 1 <= tol`` (Newton converges
 quadratically once the support is found); the weights are then normalised by ``G0``, as the
-explicit bisection path does. Each step is one streaming pass over the key blocks that
+explicit path does. Each step is one streaming pass over the key blocks that
 accumulates ``G0``, ``G1``, the support size and ``Σ_j w_j v_j`` at the current τ, so the pass
 that detects convergence also yields the output. A first pass finds the row maxima.
 
