@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
@@ -39,7 +40,8 @@ def interleaved_ratios(
     for _ in range(warmup):
         fn()
         baseline()
-    ours, base = [], []
+    ours: list[float] = []
+    base: list[float] = []
     for _ in range(repeats):
         for call, times in ((fn, ours), (baseline, base)):
             start = time.perf_counter()
@@ -51,3 +53,42 @@ def interleaved_ratios(
     else:
         q25 = q75 = ratios[0]
     return statistics.median(ratios), (q25, q75), statistics.median(ours), statistics.median(base)
+
+
+def ratio_row(
+    row: str,
+    fn: Callable[[], object],
+    baseline: Callable[[], object],
+    repeats: int,
+    *,
+    target: float,
+    peer: str,
+    **fields: object,
+) -> dict[str, Any]:
+    """One row of a peer table: ``fn`` and ``baseline`` timed in turn
+    (:func:`interleaved_ratios`) as ``{"row", "ours_s", "peer_s", "ratio", "spread", "target",
+    "peer"}`` plus ``fields`` (what the row measured, e.g. ``n=1024``)."""
+    ratio, spread, ours_s, peer_s = interleaved_ratios(fn, baseline, repeats)
+    return {
+        "row": row,
+        **fields,
+        "ours_s": ours_s,
+        "peer_s": peer_s,
+        "ratio": ratio,
+        "spread": spread,
+        "target": target,
+        "peer": peer,
+    }
+
+
+ROW_HEADER = f"{'row':40s} {'ours ms':>9s} {'peer ms':>9s} {'ratio':>6s} {'q25..q75':>12s} target"
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """A row of :func:`ratio_row` as one line under :data:`ROW_HEADER`."""
+    low, high = row["spread"]
+    met = "met" if row["ratio"] <= row["target"] else "MISSED"
+    return (
+        f"{row['row']:40s} {1e3 * row['ours_s']:9.1f} {1e3 * row['peer_s']:9.1f} "
+        f"{row['ratio']:6.2f} {low:5.2f}..{high:<5.2f} <= {row['target']:g} {met}  {row['peer']}"
+    )

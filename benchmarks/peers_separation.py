@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from _timing import interleaved_ratios
+from _timing import ROW_HEADER, format_row, ratio_row
 from hopfield.functional.separation import Entmax, Sparsemax
 
 TARGET = 0.9
@@ -74,20 +74,19 @@ def rows(repeats: int, quick: bool, models: tuple[str, ...] = MODELS) -> list[di
     for model in models:
         for n, keys in sizes:
             ours, peer = case(model, n, keys)
-            ratio, spread, ours_s, peer_s = interleaved_ratios(ours, peer, repeats)
+            row = f"{model} {n}x{keys} fwd+bwd"
             out.append(
-                {
-                    "row": f"{model} {n}x{keys} fwd+bwd",
-                    "model": model,
-                    "n": n,
-                    "keys": keys,
-                    "ours_s": ours_s,
-                    "peer_s": peer_s,
-                    "ratio": ratio,
-                    "spread": spread,
-                    "target": TARGET,
-                    "peer": PEERS[model],
-                }
+                ratio_row(
+                    row,
+                    ours,
+                    peer,
+                    repeats,
+                    target=TARGET,
+                    peer=PEERS[model],
+                    model=model,
+                    n=n,
+                    keys=keys,
+                )
             )
     return out
 
@@ -101,13 +100,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"ours ÷ entmax package, fp32 fwd+bwd, {args.threads} threads, {args.repeats} pairs")
-    print(f"{'row':36s} {'ours ms':>9s} {'peer ms':>9s} {'ratio':>6s} {'q25..q75':>12s} target")
+    print(ROW_HEADER)
     for row in rows(args.repeats, args.quick, (args.only,) if args.only else MODELS):
-        low, high = row["spread"]
-        print(
-            f"{row['row']:36s} {1e3 * row['ours_s']:9.1f} {1e3 * row['peer_s']:9.1f} "
-            f"{row['ratio']:6.2f} {low:5.2f}..{high:5.2f} ≤{row['target']:g}  {row['peer']}"
-        )
+        print(format_row(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from _timing import interleaved_ratios
+from _timing import ROW_HEADER, format_row, ratio_row
 from hopfield.functional import Softmax, associate
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import RandomFeatures
@@ -80,43 +81,33 @@ def rows(
     models: list[str] | None = None,
     sizes: list[int] | None = None,
     verbose: bool = False,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """One dict per model, size and pass: ``row, ours_s, peer_s, ratio, spread, target, peer``
     (and ``model, n, backward``); ``verbose`` prints each row as it is measured."""
     if sizes is None:
         sizes = [1024, 2048] if quick else [1024, 2048, 4096, 8192]
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
     for model in models or list(MODELS):
         for n in sizes:
             for backward in (False, True):
                 ours, sdpa = case(model, n, backward)
-                ratio, spread, ours_s, peer_s = interleaved_ratios(ours, sdpa, repeats)
+                row = f"{model} N={n} {'fwd+bwd' if backward else 'fwd'}"
                 out.append(
-                    {
-                        "row": f"{model} N={n} {'fwd+bwd' if backward else 'fwd'}",
-                        "model": model,
-                        "n": n,
-                        "backward": backward,
-                        "ours_s": ours_s,
-                        "peer_s": peer_s,
-                        "ratio": ratio,
-                        "spread": spread,
-                        "target": target(model, n),
-                        "peer": PEER,
-                    }
+                    ratio_row(
+                        row,
+                        ours,
+                        sdpa,
+                        repeats,
+                        target=target(model, n),
+                        peer=PEER,
+                        model=model,
+                        n=n,
+                        backward=backward,
+                    )
                 )
                 if verbose:
-                    print(_line(out[-1]), flush=True)
+                    print(format_row(out[-1]), flush=True)
     return out
-
-
-def _line(row: dict[str, object]) -> str:
-    low, high = row["spread"]  # type: ignore[misc]
-    ok = "met" if row["ratio"] <= row["target"] else "MISSED"  # type: ignore[operator]
-    return (
-        f"{row['row']:32s} {1e3 * row['ours_s']:9.1f} {1e3 * row['peer_s']:9.1f} "  # type: ignore[operator]
-        f"{row['ratio']:6.2f} {low:5.2f}..{high:<5.2f} <= {row['target']:g} {ok}"
-    )
 
 
 def topk_memory(lengths: list[int], threads: int) -> list[dict[str, float | int | str | bool]]:
@@ -140,7 +131,7 @@ def main() -> None:
         f"ours ÷ {PEER}, B=1 H=8 E=64 L=S=N fp32, {args.threads} threads, {args.repeats} pairs",
         flush=True,
     )
-    print(f"{'row':32s} {'ours ms':>9s} {'SDPA ms':>9s} {'ratio':>6s} {'q25..q75':>12s} target")
+    print(ROW_HEADER)
     rows(args.repeats, args.quick, models=args.models, sizes=args.sizes, verbose=True)
     if args.memory:
         topk_memory([8192, 16384], args.threads)
