@@ -28,15 +28,19 @@ from hopfield.nn.hyperset import (
 from hopfield.nn.hyperset_energy import (
     ATTENTION_KINDS,
     FEEDFORWARD_KINDS,
+    FUSED_MIN_TOKENS,
     attention_energy,
     attention_energy_of_projections,
     attention_operator,
     attention_update,
     average_angle,
+    bisoftmax_fusable,
+    bisoftmax_fused,
     effective_rank,
     feedforward_energy,
     feedforward_update,
     gelu_integral,
+    merge_heads,
     sinusoidal_positions,
     sinusoidal_positions_2d,
     split_heads,
@@ -44,6 +48,8 @@ from hopfield.nn.hyperset_energy import (
 )
 
 D64 = torch.float64
+#: Token counts of the explicit (below FUSED_MIN_TOKENS) and the automatic fused bi-softmax.
+TOKENS = (7, FUSED_MIN_TOKENS + 3)
 
 
 def _random(b: int = 2, n: int = 7, d: int = 12, h: int = 3, m: int = 16):
@@ -54,9 +60,10 @@ def _random(b: int = 2, n: int = 7, d: int = 12, h: int = 3, m: int = 16):
     return x, w, dm, h
 
 
+@pytest.mark.parametrize("n", TOKENS)
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
-def test_attention_update_is_energy_gradient(kind: str) -> None:
-    x, w, _, h = _random()
+def test_attention_update_is_energy_gradient(kind: str, n: int) -> None:
+    x, w, _, h = _random(n=n)
     x.requires_grad_(True)
     (grad,) = torch.autograd.grad(attention_energy(x, w, h, kind, normalize=False).sum(), x)
     analytic = attention_update(x.detach(), w, h, kind, normalize=False)
@@ -79,10 +86,13 @@ def test_gelu_integral_derivative_is_gelu() -> None:
     assert gelu_integral(torch.zeros(1, dtype=D64)).item() == pytest.approx(0.0, abs=1e-15)
 
 
+@pytest.mark.parametrize("n", TOKENS)
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
-def test_normalised_update_is_gradient_on_the_sphere_with_jacobian_dropped(kind: str) -> None:
+def test_normalised_update_is_gradient_on_the_sphere_with_jacobian_dropped(
+    kind: str, n: int
+) -> None:
     """Eq. (9): the energy gradient w.r.t. the normalised projections, back-projected by W."""
-    x, w, _, h = _random()
+    x, w, _, h = _random(n=n)
     zn = F.rms_norm(split_heads(x @ w.T, h), (w.shape[0] // h,)).requires_grad_(True)
     (gz,) = torch.autograd.grad(attention_energy_of_projections(zn, kind).sum(), zn)
     expected = gz.transpose(1, 2).reshape(x.shape) @ w
@@ -122,6 +132,116 @@ def test_bisoftmax_symmetry_and_single_softmax() -> None:
     fast = attention_operator(z, z, z, symmetric=True)
     slow = attention_operator(z, z, z, symmetric=False)
     torch.testing.assert_close(fast, slow)
+
+
+def _roles(n: int, p: int = 4, e: int = 4, *, symmetric: bool, shared: bool = False):
+    g = torch.Generator().manual_seed(n + p + e)
+    zq = F.rms_norm(torch.randn(2, 3, n, p, generator=g, dtype=D64), (p,)).requires_grad_(True)
+    if shared:
+        return zq, zq, zq
+    zk = zq if symmetric else torch.randn(2, 3, n, p, generator=g, dtype=D64).requires_grad_(True)
+    return zq, zk, torch.randn(2, 3, n, e, generator=g, dtype=D64).requires_grad_(True)
+
+
+@pytest.mark.parametrize("beta", [None, 0.7, -0.4])
+@pytest.mark.parametrize(
+    ("symmetric", "shared", "e"),
+    [(True, True, 4), (True, False, 4), (True, False, 6), (False, False, 4), (False, False, 3)],
+)
+def test_fused_bisoftmax_matches_explicit(
+    symmetric: bool, shared: bool, e: int, beta: float | None
+) -> None:
+    """The SDPA form (two or three fused calls, no N x N tensor) equals the explicit bi-softmax
+    in float64, values and gradients, for Q = K = V, Q = K with separate values, and separate
+    roles (the classification code's three norms) with values of another width."""
+    zq, zk, zv = _roles(21, e=e, symmetric=symmetric, shared=shared)
+    leaves = list({id(t): t for t in (zq, zk, zv)}.values())
+    fast = attention_operator(zq, zk, zv, beta=beta, symmetric=symmetric, fused=True)
+    slow = attention_operator(zq, zk, zv, beta=beta, symmetric=symmetric, fused=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn_like(fast)
+    grads_fast = torch.autograd.grad(fast, leaves, cotangent)
+    grads_slow = torch.autograd.grad(slow, leaves, cotangent)
+    for a, b in zip(grads_fast, grads_slow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_fused_bisoftmax_gradcheck(symmetric: bool) -> None:
+    """Its padding is an autograd.Function with a hand-written backward: check it numerically.
+    (No second derivative: PyTorch's fused SDPA backward has none; ``fused=False`` has.)"""
+    zq, zk, zv = _roles(5, p=3, e=4, symmetric=symmetric)
+    inputs = (zq, zv) if symmetric else (zq, zk, zv)
+
+    def fn(*args: torch.Tensor) -> torch.Tensor:
+        q, k, v = (args[0], args[0], args[1]) if symmetric else args
+        return bisoftmax_fused(q, k, v, beta=0.6, symmetric=symmetric)
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def test_fused_bisoftmax_is_chosen_when_safe() -> None:
+    n = FUSED_MIN_TOKENS
+    z = F.rms_norm(torch.randn(1, 2, n, 64), (64,))
+    assert bisoftmax_fusable(z, z, beta=1 / 8)  # a = √p = 8: far from float32 underflow
+    assert not bisoftmax_fusable(z[..., : n - 1, :], z[..., : n - 1, :], beta=1 / 8)
+    assert not bisoftmax_fusable(4.0 * z, 4.0 * z, beta=1 / 8)  # a = 128: e^-a underflows
+    assert bisoftmax_fusable(4.0 * z.double(), 4.0 * z.double(), beta=1 / 8)
+    assert not bisoftmax_fusable(z, z, beta=0.0)
+    meta = torch.empty(1, 2, n, 64, device="meta")
+    assert not bisoftmax_fusable(meta, meta, beta=1 / 8)  # the plan counts the explicit form
+    # the automatic choice is the fused path: same values as forcing it
+    auto = attention_operator(z, z, z, symmetric=True)
+    torch.testing.assert_close(auto, attention_operator(z, z, z, symmetric=True, fused=True))
+    torch.testing.assert_close(
+        auto, attention_operator(z, z, z, symmetric=True, fused=False), rtol=1e-4, atol=1e-5
+    )
+    # large scores fall back to the explicit form and stay finite
+    big = attention_operator(4.0 * z, 4.0 * z, 4.0 * z, symmetric=True)
+    assert torch.isfinite(big).all()
+    with pytest.raises(ValueError, match="fused=True"):
+        attention_operator(z, z, z, "sigmoid", fused=True)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_layer_uses_the_fused_bisoftmax_for_long_sequences(separate: bool) -> None:
+    """A layer over N >= FUSED_MIN_TOKENS tokens (fused attention) equals the explicit operator,
+    forward and backward, with one shared or three separate Q/K/V norms (learned gains)."""
+    torch.manual_seed(0)
+    layer = HyperSETLayer(12, 3, 16, separate_qkv_norms=separate, dtype=D64)
+    with torch.no_grad():
+        for gain in layer.qkv_norms.parameters():
+            gain.uniform_(0.5, 1.5)
+    x = torch.randn(2, FUSED_MIN_TOKENS + 5, 12, dtype=D64, requires_grad=True)
+    fast = layer.attention_step(x)
+    zq, zk, zv = layer.projections(x)
+    slow = merge_heads(attention_operator(zq, zk, zv, symmetric=not separate, fused=False))
+    slow = slow @ layer.qkv.weight
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    params = [x, layer.qkv.weight, *layer.qkv_norms.parameters()]
+    for a, b in zip(
+        torch.autograd.grad(fast.square().sum(), params),
+        torch.autograd.grad(slow.square().sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_fused_attention_steps_descend_the_energy_like_the_explicit_ones() -> None:
+    """The A.6 dynamics over N >= FUSED_MIN_TOKENS tokens: small fixed attention steps with the
+    fused update lower E_ATTN first and follow the explicit trajectory step for step."""
+    torch.manual_seed(0)
+    n, d, h = FUSED_MIN_TOKENS + 2, 12, 3
+    x = torch.randn(1, n, d, dtype=D64)
+    q = torch.linalg.qr(torch.randn(d, d, dtype=D64))[0].T.contiguous()
+    fast, slow = x, x
+    energies = [attention_energy(x, q, h).item()]
+    for _ in range(5):
+        fast = fast - 0.01 * attention_update(fast, q, h, fused=True)
+        slow = slow - 0.01 * attention_update(slow, q, h, fused=False)
+        energies.append(attention_energy(fast, q, h).item())
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    assert energies[1] < energies[0]
 
 
 def test_sphere_radius_of_normalised_projections() -> None:

@@ -25,7 +25,7 @@ which is exactly the update of eq. (9) and (11).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ FEEDFORWARD_KINDS: tuple[str, ...] = ("relu", "gelu", "softmax", "gated")
 __all__ = [
     "ATTENTION_KINDS",
     "FEEDFORWARD_KINDS",
+    "FUSED_MIN_TOKENS",
     "AttentionKind",
     "FeedforwardKind",
     "attention_energy",
@@ -46,6 +47,8 @@ __all__ = [
     "attention_operator",
     "attention_update",
     "average_angle",
+    "bisoftmax_fusable",
+    "bisoftmax_fused",
     "effective_rank",
     "feedforward_energy",
     "feedforward_energy_of_projections",
@@ -109,6 +112,7 @@ def attention_operator(
     *,
     beta: float | None = None,
     symmetric: bool = False,
+    fused: bool | None = None,
 ) -> Tensor:
     """The attention update in the subspaces, ``(B, H, N, p)``.
 
@@ -117,25 +121,221 @@ def attention_operator(
     ``(softmax(A, -1) + softmax(A, -2)) @ zv``, ``"sigmoid"`` ``σ'(A) @ zv`` and ``"linear"``
     ``Φ'(zq) ⊙ (Φ(zv) @ β Φ(zq)ᵀΦ(zk))`` (linear in N), with ``A = β zq zkᵀ``.
 
+    The bi-softmax has two paths with the same values and gradients: the explicit reference
+    builds the ``N × N`` scores; the fused path (:func:`bisoftmax_fused`) makes two or three
+    :func:`torch.nn.functional.scaled_dot_product_attention` calls and never holds them.
+
     Args:
-        zq, zk, zv: per-head projections ``(B, H, N, p)``.
+        zq, zk, zv: per-head projections ``(B, H, N, p)`` (``zv`` may have another width).
         kind: ``"bisoftmax"``, ``"sigmoid"`` or ``"linear"``.
         beta: inverse temperature; ``1/√p`` when ``None``.
         symmetric: the caller guarantees ``zq is zk`` so ``A`` is symmetric; the bi-softmax then
-            uses ``softmax(A, -2) = softmax(A, -1)ᵀ`` (one N×N softmax instead of two).
+            uses ``softmax(A, -2) = softmax(A, -1)ᵀ`` (one N×N softmax, or one fused call fewer).
+        fused: ``None`` (default) takes the fused path for the bi-softmax whenever
+            :func:`bisoftmax_fusable` allows it; ``True`` forces it (bi-softmax only), ``False``
+            forces the explicit reference. The sigmoid map is not a softmax and the linear
+            energy is already linear in N: both always run explicitly. The fused path has
+            first derivatives only (PyTorch's fused SDPA backward has no derivative of its
+            own); take ``fused=False`` for double backward.
     """
     _check_kind("kind", kind, ATTENTION_KINDS)
     beta = 1.0 / math.sqrt(zq.shape[-1]) if beta is None else float(beta)
+    if fused and kind != "bisoftmax":
+        raise ValueError(f"fused=True needs kind='bisoftmax' (a softmax), got {kind!r}")
     if kind == "linear":
         phi_q = torch.sigmoid(zq)
         gram = beta * phi_q.transpose(-1, -2) @ torch.sigmoid(zk)  # (B, H, p, p)
         return _sigmoid_prime(zq) * (torch.sigmoid(zv) @ gram)
+    if kind == "bisoftmax" and (fused or (fused is None and bisoftmax_fusable(zq, zk, beta=beta))):
+        return bisoftmax_fused(zq, zk, zv, beta=beta, symmetric=symmetric)
     scores = beta * zq @ zk.transpose(-1, -2)  # (B, H, N, N)
     if kind == "sigmoid":
         return _sigmoid_prime(scores) @ zv
     rows = torch.softmax(scores, dim=-1)
     cols = rows.transpose(-1, -2) if symmetric else torch.softmax(scores, dim=-2)
     return (rows + cols) @ zv
+
+
+#: Fewest tokens for which ``attention_operator(fused=None)`` takes the fused bi-softmax. Forward +
+#: backward, fp32, 2 CPU threads, 4096 tokens a batch, 4 heads of 64, fused ÷ explicit: 2.1 at
+#: N = 128, 1.8 at 256, 0.9 at 512, 0.77 at 1024, 0.67 at 2048 (the fused path makes more,
+#: slower kernel calls; it wins once the N × N tensors outgrow the caches).
+FUSED_MIN_TOKENS = 512
+
+
+def bisoftmax_fusable(zq: Tensor, zk: Tensor, *, beta: float) -> bool:
+    """Whether the fused bi-softmax is chosen automatically for these projections.
+
+    It is when there are at least :data:`FUSED_MIN_TOKENS` tokens, the tensors hold values (not
+    on the meta device, where the plan counts the explicit form) and every normaliser the fused
+    path reads back stays far from underflow: with ``a = β·max‖zq_i‖·max‖zk_j‖ ≥ |A_ij|``, the
+    log-normalisers lie within ``2a + log(N + 1)`` of zero, which must stay below ¾ of
+    ``-log(finfo.tiny)`` (65 in float32, so ``a ≤ 29``; RMS-normalised projections with unit gains
+    have ``a = √p``).
+    """
+    n = zq.shape[-2]
+    if zq.is_meta or zk.is_meta or n < FUSED_MIN_TOKENS or zq.numel() == 0 or zk.numel() == 0:
+        return False
+    if beta == 0.0:
+        return False
+    if not zq.is_floating_point() or zq.dtype != zk.dtype:
+        return False
+    with torch.no_grad():
+        norm_q = float(zq.norm(dim=-1).amax())
+        norm_k = norm_q if zk is zq else float(zk.norm(dim=-1).amax())
+    bound = abs(beta) * norm_q * norm_k
+    limit = -0.75 * math.log(torch.finfo(zq.dtype).tiny)
+    return 2.0 * bound + math.log(max(n, zk.shape[-2]) + 1) <= limit
+
+
+class _Padded(torch.autograd.Function):
+    """``x`` ``(..., N, c)`` in the first columns of a ``(..., N', width)`` tensor, zeros after.
+
+    ``extra`` (a tensor ``(..., N, 1)`` or a number) fills column ``c``; ``sink`` (a column, or
+    ``-1`` for none) appends one more row, the unit vector of that column (zeros for ``-1``).
+    One write per element; the backward pass hands back views of the incoming gradient (a
+    concatenation or slice assignment would copy whole tensors in one pass or the other).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, extra: Tensor | float | None, width: int, sink: int | None
+    ) -> Tensor:
+        n, c = x.shape[-2], x.shape[-1]
+        out = x.new_empty(*x.shape[:-2], n + (sink is not None), width)
+        out[..., :n, :c] = x
+        start = c
+        if extra is not None:
+            out[..., :n, c : c + 1] = extra
+            start += 1
+        out[..., :n, start:] = 0.0
+        if sink is not None:
+            out[..., n, :] = 0.0
+            if sink >= 0:
+                out[..., n, sink] = 1.0
+        ctx.shape = (n, c, isinstance(extra, Tensor))
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        n, c, extra = ctx.shape
+        # the gradient in x's own layout: the uses of x sum fast and the ops before x (RMSNorm
+        # backward) see the strides they produced, not those of the padded tensor
+        grad_x = torch.empty_like(ctx.saved_tensors[0])
+        grad_x.copy_(grad[..., :n, :c])
+        return grad_x, grad[..., :n, c : c + 1] if extra else None, None, None
+
+
+class _RowTerm(torch.autograd.Function):
+    """Read-out of the symmetric first call: ``out`` ``(..., N, w)`` and the detached sink scores
+    ``c`` give the row term ``out[:e] / (1 - s)`` and ``λ = c + log(1 - s) - log s`` with
+    ``s = out[e]``; the backward pass writes one gradient tensor for ``out`` (slicing ``out``
+    under autograd would build a zero-filled one per slice and add them)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, c: Tensor, e: int) -> tuple[Tensor, Tensor]:
+        s = out[..., e : e + 1]
+        inv = (1.0 - s).reciprocal()
+        ctx.e = e
+        ctx.save_for_backward(out, inv)
+        return out[..., :e] * inv, c + torch.log1p(-s) - torch.log(s)
+
+    @staticmethod
+    def backward(ctx: Any, grad_rows: Tensor, grad_lam: Tensor) -> tuple[Tensor | None, ...]:
+        out, inv = ctx.saved_tensors
+        e = ctx.e
+        s = out[..., e : e + 1]
+        grad = torch.empty_like(out)
+        torch.mul(grad_rows, inv, out=grad[..., :e])
+        # ∂rows/∂s = out[:e] / (1 - s)², ∂λ/∂s = -1/(1 - s) - 1/s
+        grad_s = (grad_rows * out[..., :e]).sum(dim=-1, keepdim=True) * inv.square()
+        grad[..., e : e + 1] = grad_s - grad_lam * (inv + s.reciprocal())
+        grad[..., e + 1 :] = 0.0
+        return grad, None, None
+
+
+class _ColumnTerm(torch.autograd.Function):
+    """``rows + out[:e] / out[e]``: adds the column term read from the last call's ``out``
+    ``(..., N, w)``, with one gradient tensor for ``out`` (see :class:`_RowTerm`)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: Tensor, out: Tensor, e: int) -> Tensor:
+        inv = out[..., e : e + 1].reciprocal()
+        ctx.e = e
+        ctx.save_for_backward(out, inv)
+        return torch.addcmul(rows, out[..., :e], inv)
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        out, inv = ctx.saved_tensors
+        e = ctx.e
+        grad = torch.empty_like(out)
+        torch.mul(grad_y, inv, out=grad[..., :e])
+        grad_s = (grad_y * out[..., :e]).sum(dim=-1, keepdim=True) * inv.square()
+        grad[..., e : e + 1] = -grad_s
+        grad[..., e + 1 :] = 0.0
+        return grad_y, grad, None
+
+
+def _padded(
+    x: Tensor, width: int, extra: Tensor | float | None = None, sink: int | None = None
+) -> Tensor:
+    """See :class:`_Padded`."""
+    return cast(Tensor, _Padded.apply(x, extra, width, sink))
+
+
+def bisoftmax_fused(
+    zq: Tensor, zk: Tensor, zv: Tensor, *, beta: float, symmetric: bool = False
+) -> Tensor:
+    """``(softmax(A, -1) + softmax(A, -2)) @ zv`` with ``A = β zq zkᵀ``, never forming ``A``.
+
+    Row term: ordinary attention, ``SDPA(zq, zk, zv)``. Column term: with the column
+    log-normalisers ``λ_j = logsumexp_i A_ij``, ``(softmax(A, -2) @ zv)_i = Σ_j e^(A_ij-λ_j) zv_j``,
+    a sum whose weights are *not* normalised over ``j``. The ``λ`` and this sum are read from
+    SDPA calls with one extra "sink" key whose score is known and whose value is a unit vector
+    the real keys do not use, so the call's normaliser comes out beside the weighted average:
+
+    * ``symmetric`` (the caller guarantees ``zq is zk``, so ``λ`` are the row log-normalisers
+      too): one call gives the row term and ``λ``. Queries ``[zq, c/β]``, keys ``[zk, 0]``, the
+      sink key ``[0, 1]`` (score ``c_i = A_ii``, detached), values ``[zv, 0]``, sink value
+      ``[0, 1]``: ``s_i = e^c_i / (e^λ_i + e^c_i) ≤ ½`` (``λ_i ≥ A_ii``), row term
+      ``out[:e] / (1 - s)``, ``λ = c + log(1 - s) - log s``, all to relative precision;
+    * otherwise the row term is plain SDPA and ``λ`` comes from queries ``zk``, keys ``zq`` and
+      a sink of score 0, values ``e_0`` for the keys and ``e_1`` for the sink:
+      ``u_j = e^λ_j / (e^λ_j + 1)``, ``s_j = 1 / (e^λ_j + 1)``, ``λ = log u - log s``;
+    * column term: queries ``[zq, 1]``, keys ``[zk, -λ/β]`` (score ``A_ij - λ_j``), a zero sink
+      key (score 0), values ``[zv, 0]``, sink value ``[0, 1]``: ``out = [Σ_j e^(A_ij-λ_j) zv_j,
+      1] / (R_i + 1)``, so the term is ``out[:e] / out[e]``.
+
+    Every call has one head width (``max(p, e) + 1``, zero-padded) so that PyTorch's fused
+    kernels take it (the CPU flash kernel needs equal q, k, v widths): no ``N × N`` tensor in
+    the forward or in SDPA's own backward, which autograd uses. The result is exact up to
+    rounding (float64 tests compare it with the explicit form); :func:`bisoftmax_fusable` says
+    when no normaliser can underflow. ``zq``, ``zk`` ``(..., N, p)``, ``zv`` ``(..., N, e)``.
+    """
+    if beta == 0.0:
+        raise ValueError("the fused bi-softmax needs beta != 0")
+    p, e = zq.shape[-1], zv.shape[-1]
+    width = max(p, e) + 1
+
+    def sdpa(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(query, key, value, scale=beta)
+
+    values = _padded(zv, width, sink=e)
+    if symmetric:
+        c = beta * zq.detach().square().sum(dim=-1, keepdim=True)  # A_ii ≤ λ_i
+        keys = values if zk is zv and p == e else _padded(zk, width, sink=p)
+        out = sdpa(_padded(zq, width, c / beta), keys, values)
+        rows, lam = cast(tuple[Tensor, Tensor], _RowTerm.apply(out, c, e))
+    else:
+        pad = max(p, e)
+        rows = sdpa(_padded(zq, pad), _padded(zk, pad), _padded(zv, pad))[..., :e]
+        ones = zk.new_ones(*zk.shape[:-1], 1)
+        out = sdpa(_padded(zk, width), _padded(zq, width, sink=p), _padded(ones, width, sink=1))
+        lam = torch.log(out[..., :1]) - torch.log(out[..., 1:2])
+    out = sdpa(_padded(zq, width, 1.0), _padded(zk, width, lam / -beta, sink=-1), values)
+    return cast(Tensor, _ColumnTerm.apply(rows, out, e))
 
 
 def attention_energy_of_projections(
@@ -196,15 +396,16 @@ def attention_update(
     *,
     normalize: bool = True,
     beta: float | None = None,
+    fused: bool | None = None,
 ) -> Tensor:
     """The attention update direction ``(B, N, d)``; Hyper-SET does ``X ← X - α ⊙ update``.
 
     With ``normalize=False`` this is exactly ``∇_X E_ATTN`` (eq. 7 for the bi-softmax). With
     ``normalize=True`` it is eq. (9): the operator on RMS-normalised projections, back-projected
-    with the same (tied) weight.
+    with the same (tied) weight. ``fused`` as in :func:`attention_operator`.
     """
     z = _projections(x, weight, num_heads, normalize)
-    y = attention_operator(z, z, z, kind, beta=beta, symmetric=True)
+    y = attention_operator(z, z, z, kind, beta=beta, symmetric=True, fused=fused)
     return merge_heads(y) @ weight
 
 
