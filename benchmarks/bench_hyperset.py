@@ -4,8 +4,9 @@ Both are measured in the same run (same process, same threads) at the same width
 tokens, forward and forward+backward; the result is the ratio Hyper-SET / Transformer beside the
 ratio of their matmul FLOPs (spec §9.1). The Hyper-SET iteration includes its step-size network
 (one ``Linear(d, 2d)`` per token); "layer only" times the layer with fixed step sizes. The
-bi-softmax uses one N×N softmax (``softmax(A, -2) = softmax(A, -1)ᵀ`` for the symmetric ``A``);
-its time against the two-softmax form is reported too.
+explicit bi-softmax uses one N×N softmax (``softmax(A, -2) = softmax(A, -1)ᵀ`` for the symmetric
+``A``); its time against the two-softmax form is reported too, and the forward time of the fused
+form (two SDPA calls, taken automatically from ``FUSED_MIN_TOKENS`` tokens) against it.
 
     python benchmarks/bench_hyperset.py [--quick] [--json out.json] [--threads T]
 """
@@ -51,19 +52,25 @@ def step(module: torch.nn.Module, x: torch.Tensor, backward: bool) -> Callable[[
     return run
 
 
+def hyperset_iteration(width: int, heads: int, ff: int) -> HyperSETEncoder:
+    """One Hyper-SET iteration with its step-size network, step sizes made non-zero so that the
+    timed path is the trained one."""
+    hyperset = HyperSETEncoder(width, heads, ff, iterations=1, time_frequency=min(512, width))
+    with torch.no_grad():
+        assert hyperset.step_sizes is not None
+        hyperset.step_sizes.step.bias.fill_(0.01)
+    return hyperset
+
+
 def bench_case(
     batch: int, tokens: int, width: int, heads: int, ff: int, repeats: int
 ) -> dict[str, float]:
     """Times (s) and ratios of one Hyper-SET iteration and one Transformer layer."""
     torch.manual_seed(0)
     x = torch.randn(batch, tokens, width, requires_grad=True)
-    hyperset = HyperSETEncoder(width, heads, ff, iterations=1, time_frequency=min(512, width))
+    hyperset = hyperset_iteration(width, heads, ff)
     layer_only = HyperSETEncoder(width, heads, ff, iterations=1, step_size=0.1)
     transformer = SharedTransformerEncoder(width, heads, 4.0, iterations=1)
-    with torch.no_grad():
-        # non-zero step sizes, so the timed path is the trained one
-        assert hyperset.step_sizes is not None
-        hyperset.step_sizes.step.bias.fill_(0.01)
     out: dict[str, float] = {}
     for backward in (False, True):
         tag = "fwd_bwd" if backward else "fwd"
@@ -83,9 +90,11 @@ def bench_case(
     z = torch.nn.functional.rms_norm(
         torch.randn(batch, heads, tokens, width // heads), (width // heads,)
     )
-    one = median_time(lambda: attention_operator(z, z, z, symmetric=True), repeats)
-    two = median_time(lambda: attention_operator(z, z, z, symmetric=False), repeats)
+    one = median_time(lambda: attention_operator(z, z, z, symmetric=True, fused=False), repeats)
+    two = median_time(lambda: attention_operator(z, z, z, symmetric=False, fused=False), repeats)
     out["bisoftmax_one_vs_two_softmax"] = one / two
+    fused = median_time(lambda: attention_operator(z, z, z, symmetric=True, fused=True), repeats)
+    out["bisoftmax_fused_vs_explicit"] = fused / one
     return out
 
 
@@ -103,16 +112,17 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print(
         "| case | B | N | d | M | fwd ratio | fwd+bwd ratio | layer-only fwd+bwd ratio | "
-        "FLOPs ratio | one/two softmax |"
+        "FLOPs ratio | one/two softmax | fused/explicit |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, batch, tokens, width, heads, ff in cases:
         r = bench_case(batch, tokens, width, heads, ff, repeats)
         rows.append({"case": name, "batch": batch, "tokens": tokens, "width": width, **r})
         print(
             f"| {name} | {batch} | {tokens} | {width} | {ff} | {r['fwd_ratio']:.2f} | "
             f"{r['fwd_bwd_ratio']:.2f} | {r['fwd_bwd_layer_only_ratio']:.2f} | "
-            f"{r['flops_ratio']:.2f} | {r['bisoftmax_one_vs_two_softmax']:.2f} |",
+            f"{r['flops_ratio']:.2f} | {r['bisoftmax_one_vs_two_softmax']:.2f} | "
+            f"{r['bisoftmax_fused_vs_explicit']:.2f} |",
             flush=True,
         )
     if args.json:
