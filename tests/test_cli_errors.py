@@ -275,6 +275,9 @@ def test_sigint_stops_a_real_process_with_one_line_and_status_130(tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # as from a terminal: a shell's background job inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
