@@ -102,33 +102,26 @@ def test_missing_extra_follows_the_cause_and_ignores_other_modules() -> None:
     assert missing_extra(stop.value) is None
 
 
-def test_version_flag(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "hopfield", "--version"],
+def python_m_hopfield(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m hopfield ARGS`` in a child process started in ``tmp_path``."""
+    return subprocess.run(
+        [sys.executable, "-m", "hopfield", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
+
+
+def test_version_flag(tmp_path: Path) -> None:
+    done = python_m_hopfield(tmp_path, "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"hopfield {version('hopfield')}\n"
 
 
 def test_python_m_hopfield_is_the_command(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "hopfield", "list"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = python_m_hopfield(tmp_path, "list")
     assert done.returncode == 0, done.stderr
     assert "retrieval-demo" in done.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "hopfield", "run", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    bad = python_m_hopfield(tmp_path, "run", "nope")
     assert bad.returncode == 2 and "unknown experiment 'nope'" in bad.stderr
