@@ -28,8 +28,9 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
     path = run_experiment("hyperset-sudoku", "tiny", tmp_path, progress=False)
     tables, record = _tables(path)
     main = tables["Sudoku: Hyper-SET vs weight-shared Transformer (Fig. 3, §5.1)"]
-    assert [row[0] for row in main["rows"]] == ["hyperset", "transformer", "fixed-0.1"]
+    assert [row[0] for row in main["rows"]] == ["hyperset", "transformer", "et", "fixed-0.1"]
     assert main["rows"][0][2] == 5_195_584  # paper parameter count beside ours
+    assert main["rows"][2][5] == 0.0  # Fig. 3a: the Energy Transformer fails (0 % boards)
     metrics = record["results"]["metrics"]
     assert 0.0 <= metrics["hyperset_cell_acc"] <= 100.0
     assert "Alternative designs (Table 3 layout) on Sudoku" in tables
@@ -90,6 +91,9 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
             "Depth-wise LoRA (Table 4)"} <= set(tables)  # fmt: skip
     metrics = record["results"]["metrics"]
     assert metrics["param_ratio_small"] < 1.0
+    main = tables["Image classification: Hyper-SET vs Transformer (Table 1 layout)"]
+    et_row = next(row for row in main["rows"] if row[0] == "et")
+    assert et_row[4:] == [0.91, 75.98, 52.50, 40.40] and 0.0 <= et_row[2] <= 100.0
     assert metrics["hyperset-scaleup-lora2_params"] > metrics["hyperset-scaleup_params"]
 
 

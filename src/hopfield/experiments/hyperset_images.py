@@ -6,7 +6,9 @@ about the Transformer's parameters), one layer × L iterations; the Transformer 
 layer applied L times. Training follows Table 8 (Adam, coupled weight decay 5e-5, warm-up then
 cosine from 1e-3 to 1e-5, label smoothing 0.1, random-crop augmentation). Optional parts of the
 paper in the same layout: the alternative designs of Table 3, the layer–iteration trade-off of
-Fig. 4 (K distinct layers × L/K iterations) and depth-wise LoRA ranks (Table 4). The Hyper-SET
+Fig. 4 (K distinct layers × L/K iterations), depth-wise LoRA ranks (Table 4) and the scaled-up
+models of Table 20 (``<base>-d<width>``). The baselines beside the Transformer are CRATE, CRATE-T
+and the Energy Transformer (``"et"``, :mod:`hopfield.models.energy_transformer`). The Hyper-SET
 energy / effective-rank / angle trajectories on test images (Figs. 5-6, bottom) are reported too.
 
 Data: scikit-learn digits (always present; 8×8, grid 4 → 2×2-pixel patches), MNIST (only its
@@ -16,6 +18,7 @@ Fashion-MNIST (Debian package ``dataset-fashion-mnist``) and CIFAR-10 when prese
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -53,6 +56,7 @@ from hopfield.experiments.hyperset_common import (
 from hopfield.experiments.hyperset_sudoku import VARIANTS
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.models.energy_transformer import energy_image_classifier
 from hopfield.models.hyperset import ImageClassifier, image_classifier
 from hopfield.nn.hyperset import FEEDFORWARD_KINDS, HyperSETEncoder, count_parameters
 
@@ -61,6 +65,7 @@ PAPER_TABLE1 = {
     "transformer": (1.79, 89.90, 61.89, 69.44),
     "crate-t": (0.32, 86.77, 60.52, 61.12),
     "crate": (0.47, 86.97, 61.13, 63.52),
+    "et": (0.91, 75.98, 52.50, 40.40),
     "hyperset": (0.96, 88.89, 62.48, 67.64),
     "hyperset-scaleup": (1.61, 90.11, 63.41, 70.16),
 }
@@ -87,6 +92,17 @@ PAPER_TABLE4 = {
     16: (2.33, 70.56),
     32: (2.72, 72.20),
 }
+# Table 20 (scaled up, 1 layer × 12 iterations): width, params M and top-1 % on CIFAR-10, then
+# on CIFAR-100.
+PAPER_TABLE20 = {
+    "transformer": (1152, 16.0, 89.42, 16.1, 62.83),
+    "crate": (1152, 4.1, 88.77, 4.2, 63.39),
+    "et": (1152, 8.0, 76.21, 8.1, 55.47),
+    "hyperset": (1536, 14.3, 90.62, 14.4, 66.30),
+}
+#: Heads of the ``<base>-d<width>`` models (Table 20). Hyper-SET's 14,268,394 parameters at
+#: d = 1536 (spec §4.5) pin 12 heads; the other models' counts do not depend on the heads.
+WIDE_HEADS = 12
 PAPER_COLUMN = {"cifar10": 1, "cifar100": 2}
 
 
@@ -132,7 +148,7 @@ PRESETS = {
         scaleup_num_heads=2, iterations=2, time_frequency=16, epochs=1, batch_size=64,
         warmup_epochs=1, crop_padding=1, flip=True, ablations=("fixed-0.1",),
         layer_splits=(2,), lora_ranks=(2,), analysis_size=16, eval_batch_size=360,
-        models=("hyperset", "hyperset-scaleup", "transformer", "crate"),
+        models=("hyperset", "hyperset-scaleup", "transformer", "crate", "et"),
     ),
     "small": Config(
         dataset="digits", grid=4, d_model=64, num_heads=4, scaleup_d_model=96,
@@ -141,7 +157,11 @@ PRESETS = {
         ablations=("attention-sigmoid", "fixed-0.1"),
         layer_splits=(2,), lora_ranks=(4,), analysis_size=360, eval_batch_size=360,
     ),
-    "paper": Config(threads=0),
+    "paper": Config(
+        models=("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t", "et",
+                "transformer-d1152", "crate-d1152", "et-d1152", "hyperset-d1536"),
+        lora_ranks=(4, 8, 16, 32), threads=0,
+    ),
 }  # fmt: skip
 
 
@@ -237,7 +257,7 @@ def _loss(config: Config) -> Callable[[nn.Module, tuple[Tensor, Tensor]], Tensor
 
 
 #: Base models of :func:`build`.
-BASES = ("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t")
+BASES = ("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t", "et")
 
 
 def _parse(name: str) -> tuple[str, dict[str, Any]]:
@@ -255,6 +275,11 @@ def _parse(name: str) -> tuple[str, dict[str, Any]]:
     if "-lora" in base:
         base, r = base.split("-lora")
         options["lora_rank"] = int(r)
+    wide = re.fullmatch(r"(.+)-d(\d+)", base)
+    if wide:
+        base, options["width"] = wide[1], int(wide[2])
+        if options["width"] % WIDE_HEADS:
+            raise ValueError(f"the width of {name!r} must be a multiple of {WIDE_HEADS} heads")
     if base not in BASES:
         raise ValueError(f"unknown model {name!r}")
     return base, options
@@ -295,7 +320,7 @@ def check_config(config: Config) -> None:
     check_int_items("lora_ranks", config.lora_ranks, minimum=0, allow_empty=True)
     if not _model_names(config):
         raise ConfigError("models, ablations, layer_splits and lora_ranks name no model")
-    known = f"{', '.join(BASES)}, with +<variant>, -layers<K> or -lora<r>"
+    known = f"{', '.join(BASES)}, with +<variant>, -layers<K>, -lora<r> or -d<width>"
     for name in config.models:
         try:
             _parse(name)
@@ -309,23 +334,31 @@ def build(
     config: Config, name: str, image_size: int, channels: int, num_classes: int = 10
 ) -> ImageClassifier:
     """Model ``name``: ``hyperset``, ``hyperset-scaleup``, ``transformer``, ``crate``, ``crate-t``,
-    ``hyperset-scaleup+<v>``
-    (a Table 3 variant), ``<base>-layers<K>`` (Fig. 4) or ``hyperset-scaleup-lora<r>`` (Table 4)."""
+    ``et`` (Energy Transformer), ``hyperset-scaleup+<v>`` (a Table 3 variant),
+    ``<base>-layers<K>`` (Fig. 4), ``hyperset-scaleup-lora<r>`` (Table 4) or ``<base>-d<width>``
+    (Table 20: width ``d``, :data:`WIDE_HEADS` heads and, for Hyper-SET, the time-embedding
+    frequency ``F = d``, which the paper's 14.3 M parameters imply)."""
     base, options = _parse(name)
     scale = base == "hyperset-scaleup"
+    width = options.pop("width", None)
     common: dict[str, Any] = {
         "num_classes": num_classes,
         "image_size": image_size,
         "in_channels": channels,
         "grid": config.grid,
-        "d_model": config.scaleup_d_model if scale else config.d_model,
-        "num_heads": config.scaleup_num_heads if scale else config.num_heads,
+        "d_model": width or (config.scaleup_d_model if scale else config.d_model),
+        "num_heads": WIDE_HEADS
+        if width
+        else (config.scaleup_num_heads if scale else config.num_heads),
         "iterations": config.iterations,
     }
+    if base == "et":
+        return energy_image_classifier(**common, **options)
     if base in ("transformer", "crate", "crate-t"):
         return image_classifier(base, **common, **options)
     options.setdefault("feedforward", config.feedforward)
-    return image_classifier("hyperset", **common, time_frequency=config.time_frequency, **options)
+    frequency = width or config.time_frequency
+    return image_classifier("hyperset", **common, time_frequency=frequency, **options)
 
 
 @torch.no_grad()
@@ -423,7 +456,7 @@ def _report(
     )
     main = [
         n
-        for n in ("transformer", "crate-t", "crate", "hyperset", "hyperset-scaleup")
+        for n in ("transformer", "crate-t", "crate", "et", "hyperset", "hyperset-scaleup")
         if n in results
     ]
     tables.append(
@@ -529,6 +562,9 @@ def _report(
                 "Paper: ImageNet-100, Small Scale-up.",
             )
         )
+    wide = [n for n in results if _parse(n)[1].get("width")]
+    if wide:
+        tables.append(_table20(results, wide, setting))
     if analysis:
         tables.append(
             trajectory_table(
@@ -539,10 +575,29 @@ def _report(
         )
         metrics.update(energy_trend_metrics(analysis))
     notes.append(
-        "The Energy Transformer row of Table 1 is not run (CRATE and CRATE-T are, when listed "
-        "in `models`); CIFAR-100 and ImageNet-100 are not available offline."
+        "CRATE, CRATE-T and the Energy Transformer rows of Table 1 are run when listed in "
+        "`models`; CIFAR-100 and ImageNet-100 are not available offline."
     )
     return Results(tables=tables, metrics=metrics, notes=notes)
+
+
+def _table20(results: dict[str, dict[str, Any]], names: list[str], setting: str) -> Table:
+    """The scaled-up models (``<base>-d<width>``) beside Table 20."""
+    rows = []
+    for name in names:
+        base, options = _parse(name)
+        rows.append([name, options["width"], *_row(results, name),
+                     *PAPER_TABLE20.get(base, (None,) * 5)])  # fmt: skip
+    return Table(
+        "Scaling up (Table 20)",
+        ["model", "d", "params", "top-1 % (ours)", "train s", "d (paper)",
+         "params M CIFAR-10 (paper)", "CIFAR-10 % (paper)", "params M CIFAR-100 (paper)",
+         "CIFAR-100 % (paper)"],
+        rows,
+        f"Ours: {setting}; each model at its own width d ({WIDE_HEADS} heads; Hyper-SET with "
+        "time-embedding frequency F = d). Paper: 1 layer × 12 iterations, widths chosen for "
+        "similar parameter counts.",
+    )  # fmt: skip
 
 
 register(

@@ -7,7 +7,9 @@ gradient clipping 1.0, with the cross-entropy on the blank cells only. Reported:
 and at 1.25…2 L (test-time extrapolation, Fig. 3b), accuracy after every iteration t (the
 trajectory printed beside the energies), the energy / effective-rank / angle / step-size
 trajectories (Figs. 5-6), test board accuracy per epoch (Fig. 3a), and ablations in the layout of
-Table 3 (fixed step sizes, sigmoid / linear attention, softmax / gated feedforward).
+Table 3 (fixed step sizes, sigmoid / linear attention, softmax / gated feedforward). The
+Energy Transformer (``"et"``) and CRATE (``"crate"``), which "both fail" in Fig. 3a, train with
+the same recipe when listed in ``models``.
 
 Data: generated puzzles with unique solutions (:mod:`hopfield.data.sudoku`; an easier 30-40
 givens set by default for CPU budgets, or as few givens as uniqueness allows, about 22-27), or
@@ -50,6 +52,7 @@ from hopfield.experiments.hyperset_common import (
 from hopfield.experiments.outliers_tasks import main_process_first
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.models.energy_transformer import energy_sudoku_model
 from hopfield.models.hyperset import SudokuModel, sudoku_model
 from hopfield.nn.hyperset import HyperSETEncoder, count_parameters
 
@@ -59,6 +62,10 @@ PAPER_EXTRAPOLATION = {
     "transformer": [49.30, 50.63, 51.03, 51.13, 51.13, 51.17, 51.20],
 }
 PAPER_PARAMS = {"hyperset": 5_195_584, "transformer": 7_156_992}
+# Fig. 3a: the Energy Transformer and CRATE "both fail" (test board accuracy 0 % for 200 epochs).
+PAPER_FAILED = {"et": 0.0, "crate": 0.0}
+#: Baselines beside Hyper-SET and the Transformer (the Energy Transformer and CRATE of Fig. 3a).
+BASELINES = ("et", "crate")
 # Board accuracy (%) after each iteration t = 1..48 of one trained model (L_train = 24).
 PAPER_TRAJECTORY = [0.0] * 7 + [
     0.1, 0.3, 2.4, 5.7, 12.2, 18.8, 24.1, 30.0, 35.0, 39.2, 42.3, 45.4, 48.7, 50.7, 52.7, 54.2,
@@ -122,14 +129,16 @@ PRESETS = {
     "tiny": Config(
         min_givens=38, max_givens=42, train_size=24, test_size=8, d_model=16, num_heads=2,
         ff_ratio=2.0, iterations=2, time_frequency=16, epochs=1, batch_size=24, lr=1e-3,
-        ablations=("fixed-0.1",), eval_size=8, analysis_size=8, eval_batch_size=8,
+        models=("hyperset", "transformer", "et"), ablations=("fixed-0.1",), eval_size=8,
+        analysis_size=8, eval_batch_size=8,
     ),
     "small": Config(
         min_givens=36, max_givens=45, train_size=1500, test_size=300, d_model=48, num_heads=4,
         ff_ratio=2.0, iterations=8, time_frequency=48, epochs=12, batch_size=50, lr=3e-3,
         ablations=("fixed-0.1",), eval_every=2, eval_size=300, analysis_size=128,
     ),
-    "paper": Config(dataset="rrn-hard", ablations=("fixed-0.1", "fixed-0.5"), threads=0),
+    "paper": Config(dataset="rrn-hard", models=("hyperset", "transformer", "et", "crate"),
+                    ablations=("fixed-0.1", "fixed-0.5"), threads=0),
 }  # fmt: skip
 
 
@@ -191,12 +200,18 @@ def _load_files(config: Config, ctx: RunContext) -> tuple[np.ndarray, ...]:
 
 
 def build(config: Config, name: str) -> SudokuModel:
-    """The model called ``name``: ``"hyperset"``, ``"transformer"`` or a Hyper-SET variant."""
-    arch = "transformer" if name == "transformer" else "hyperset"
-    if name not in ("hyperset", "transformer") and name not in VARIANTS:
+    """The model called ``name``: ``"hyperset"``, ``"transformer"``, ``"et"`` (Energy
+    Transformer, memories ``4d``), ``"crate"`` or a Hyper-SET variant."""
+    if name not in ("hyperset", "transformer", *BASELINES) and name not in VARIANTS:
         raise ValueError(
-            f"unknown model {name!r}; known: hyperset, transformer, {sorted(VARIANTS)}"
+            f"unknown model {name!r}; known: hyperset, transformer, {', '.join(BASELINES)}, "
+            f"{sorted(VARIANTS)}"
         )
+    if name == "et":
+        return energy_sudoku_model(
+            d_model=config.d_model, num_heads=config.num_heads, iterations=config.iterations
+        )
+    arch = name if name in ("transformer", "crate") else "hyperset"
     return sudoku_model(
         arch,
         d_model=config.d_model,
@@ -261,7 +276,10 @@ DATASETS = ("generated", "rrn-hard", "satnet")
 def check_config(config: Config) -> None:
     """:class:`ConfigError` naming the first field ``config`` cannot run with."""
     check_choice("dataset", config.dataset, DATASETS)
-    check_subset("models", config.models, ("hyperset", "transformer", *VARIANTS), allow_empty=True)
+    check_subset(
+        "models", config.models, ("hyperset", "transformer", *BASELINES, *VARIANTS),
+        allow_empty=True,
+    )  # fmt: skip
     check_subset("ablations", config.ablations, tuple(VARIANTS), allow_empty=True)
     if not config.models and not config.ablations:
         raise ConfigError("models and ablations name no model")
@@ -386,10 +404,10 @@ def _report(
     figures: list[str] = []
     main_rows = []
     for name, r in results.items():
-        paper: float = PAPER_EXTRAPOLATION.get(name, [math.nan])[0]
+        paper = PAPER_EXTRAPOLATION[name][0] if name in PAPER_EXTRAPOLATION else None
         main_rows.append([
             name, r["params"], PAPER_PARAMS.get(name), r["board"][L - 1], r["cell"][L - 1],
-            paper if not math.isnan(paper) else None, round(r["seconds"], 1),
+            PAPER_FAILED.get(name, paper), round(r["seconds"], 1),
         ])  # fmt: skip
         metrics[f"{name}_board_acc"] = r["board"][L - 1]
         metrics[f"{name}_cell_acc"] = r["cell"][L - 1]
