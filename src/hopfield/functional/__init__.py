@@ -1,5 +1,6 @@
 """The functional core: separation maps, structures and :func:`associate`."""
 
+from hopfield.functional import svr as svr  # the SVR view (nonparametric §3): fit_svr, ...
 from hopfield.functional.associate import associate
 from hopfield.functional.efficient import RandomMask, TopK, Window
 from hopfield.functional.efficient_kernel import Linear, RandomFeatures
