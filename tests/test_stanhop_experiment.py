@@ -4,13 +4,18 @@ numbers."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.stanhop_outliers import (
+    FIGURE2_PAIRS,
     PAPER_SETTINGS,
+    PRESETS,
     TABLE2_MODELS,
+    figure_layer,
+    mean_curve,
     paper_table2,
     top_two_count,
 )
@@ -46,7 +51,7 @@ def test_top_two_count_ranks_lowest_first() -> None:
 def test_tiny_run(tmp_path: Path) -> None:
     path = run_experiment("stanhop-outliers", "tiny", tmp_path, progress=False)
     record = json.loads(path.read_text())
-    table2, table1, count = record["results"]["tables"]
+    table2, table1, count, _ = record["results"]["tables"]
     assert [r[2] for r in table2["rows"]] == list(ASSOCIATION_KINDS)
     for row in table2["rows"]:
         mse, kurt, inf, w8a8 = row[3], row[5], row[7], row[8]
@@ -61,6 +66,45 @@ def test_tiny_run(tmp_path: Path) -> None:
     assert not list(path.parent.rglob("checkpoints"))
 
 
+def test_tiny_run_records_figure_2d(tmp_path: Path) -> None:
+    """Every run records max |x| of each decoder layer at each logged step (tiny: 2 steps of one
+    epoch, every step logged); the table is the mean over runs of those points."""
+    path = run_experiment("stanhop-outliers", "tiny", tmp_path, progress=False)
+    results = json.loads(path.read_text())["results"]
+    curves = results["tables"][3]
+    assert curves["name"].startswith("Figure 2(d)")
+    assert [(r[0], r[1]) for r in curves["rows"]] == [
+        (m, s) for m in ASSOCIATION_KINDS for s in (1, 2)
+    ]
+    runs = json.loads((path.parent / "runs.json").read_text())
+    layers = {f"decoder.{j}" for j in range(PRESETS["tiny"].e_layers + 1)}
+    for model, step, n, layer, top in curves["rows"]:
+        (point,) = [p for p in runs[f"synthetic|8|{model}|0"]["curve"] if p["step"] == step]
+        assert set(point["max_abs"]) == layers
+        assert n == 1 and layer == point["max_abs"]["decoder.0"]
+        assert math.isfinite(layer) and 0 < layer <= top == max(point["max_abs"].values())
+    for old, new in FIGURE2_PAIRS:
+        assert 0 <= results["metrics"][f"figure2d/{new}_below_{old}"] <= 1
+    assert sum(note.startswith("Figure 2(d)") for note in results["notes"]) == 3
+    assert results["figures"] == ["figure2d_stanhop.png"]
+    assert (path.parent / "figure2d_stanhop.png").stat().st_size > 0
+
+
+def test_mean_curve_averages_the_steps_every_run_has() -> None:
+    def run(values: dict[int, tuple[float, float]]) -> dict[str, Any]:
+        curve = [
+            {"step": s, "max_abs": {"decoder.0": a, "decoder.1": b}} for s, (a, b) in values.items()
+        ]
+        return {"curve": curve}
+
+    found = [run({1: (1.0, 4.0), 2: (2.0, 1.0)}), run({1: (3.0, 0.5)}), {"mse": 1.0}]
+    curve = mean_curve(found, 0)
+    assert curve is not None
+    assert (curve.steps, curve.layer, curve.top, curve.runs) == ([1], [2.0], [3.5], 2)
+    assert mean_curve([{"mse": 1.0}], 0) is None  # records from before curves were kept
+    assert [figure_layer(e) for e in (11, 2, 1)] == [9, 0, 0]
+
+
 def test_a_stopped_run_resumes(tmp_path: Path) -> None:
     options: dict[str, Any] = {"overrides": {"models": '["outeffhop"]'}, "progress": False}
     full = run_experiment("stanhop-outliers", "tiny", tmp_path / "full", **options)
@@ -72,3 +116,5 @@ def test_a_stopped_run_resumes(tmp_path: Path) -> None:
     assert (record["resumed_from"], record["finished"]) == (1, True)
     metrics = json.loads(full.read_text())["results"]["metrics"]
     assert json.loads(resumed.read_text())["results"]["metrics"] == metrics
+    curves = json.loads(full.read_text())["results"]["tables"][3]
+    assert json.loads(resumed.read_text())["results"]["tables"][3] == curves

@@ -29,6 +29,14 @@ evaluation nor the checkpoint written after it counts. Under several processes t
 time is the slowest process's and its CPU time the sum over the processes. The times are part of
 each epoch's evaluation record in the Trainer's log, so they survive a resume.
 
+**Activation curves** (OutEffHop Figure 2, ``monitor=``): a :class:`TrainingCurve` records
+``max |x|`` of the outputs of the monitored modules on the training batch of every
+``max(1, epoch_steps // points_per_epoch)``-th optimiser step, through forward hooks that only
+read the outputs (no randomness drawn, no gradient), so training is unchanged (tested). The points
+are kept in the Trainer's log (in each epoch's evaluation record) and, when ``--max-steps`` cuts
+a run inside an epoch, in ``curve-pending.json`` of its folder, so a resumed run ends with the
+curve of an uninterrupted one (tested).
+
 Bookkeeping of a run (:func:`reusable`, :func:`save_run`): each (setting, model, seed) trains in
 its own folder below ``out_dir/runs/``, whose ``run.json`` records what defines the run (the
 checkpoints there are resumed only for the same run); its record in ``runs.json`` is reused only
@@ -45,7 +53,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,13 +65,15 @@ from hopfield.data.timeseries import ForecastSplits, WindowDataset, load_forecas
 from hopfield.experiments.outliers_tasks import same_run
 from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext
-from hopfield.training import Trainer, steps_per_epoch
+from hopfield.training import MaxAbsMonitor, Trainer, latest_checkpoint, steps_per_epoch
 
 __all__ = [
     "SCHEDULES",
     "EpochClock",
     "ForecastFit",
     "ForecastRecipe",
+    "TrainingCurve",
+    "curve_points",
     "epoch_lr_factor",
     "epoch_steps",
     "evaluate",
@@ -230,18 +240,100 @@ class EpochClock:
         return _over_processes(wall, cpu)
 
 
-def _over_processes(wall: float, cpu: float) -> tuple[float, float]:
-    """``(max wall, sum cpu)`` over the processes of a distributed run."""
+def _gathered(values: Sequence[float]) -> Tensor:
+    """``values`` of every process of a distributed run, ``(processes, len(values))`` float64 on
+    the CPU (one row without a process group; every process must call it)."""
     import torch.distributed as dist
 
+    local = torch.tensor(list(values), dtype=torch.float64)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return wall, cpu
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    local = torch.tensor([wall, cpu], dtype=torch.float64, device=device)
+        return local[None]
+    local = local.to("cuda" if dist.get_backend() == "nccl" else "cpu")
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
-    times = torch.stack(gathered).cpu()
+    return torch.stack(gathered).cpu()
+
+
+def _over_processes(wall: float, cpu: float) -> tuple[float, float]:
+    """``(max wall, sum cpu)`` over the processes of a distributed run."""
+    times = _gathered([wall, cpu])
     return float(times[:, 0].max()), float(times[:, 1].sum())
+
+
+#: Key prefix of the curve points in the Trainer's evaluation records: ``max_abs/<step>/<module>``.
+CURVE_KEY = "max_abs"
+#: The file of a run folder that keeps the points a ``--max-steps`` cut left after the last
+#: evaluation, with the name of the checkpoint they belong to.
+PENDING_CURVE = "curve-pending.json"
+
+
+class TrainingCurve:
+    """``max |x|`` of module outputs on the training batch of every ``every``-th optimiser step
+    (the OutEffHop Figure 2 curves; see the module docstring).
+
+    Args:
+        model: the model whose modules are hooked (:class:`hopfield.training.MaxAbsMonitor`:
+            tuple outputs use their first element).
+        patterns: regular expressions, full-matched against the module names.
+        every: step ``s`` (1-based) is recorded when ``s % every == 0``, over all its
+            micro-batches.
+
+    :meth:`before_batch` is called before every training forward pass; :meth:`flush` returns the
+    points recorded since the last flush.
+    """
+
+    def __init__(self, model: nn.Module, patterns: Sequence[str], every: int) -> None:
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an int >= 1, got {every!r}")
+        self.monitor = MaxAbsMonitor(model, patterns)
+        self.every = every
+        self._open: int | None = None
+        self._points: dict[str, float] = {}
+
+    def before_batch(self, step: int) -> None:
+        """Called before a training forward pass of the 0-based optimiser step ``step``."""
+        if self._open == step + 1:
+            return
+        self._close()
+        if (step + 1) % self.every == 0:
+            self.monitor.start()
+            self._open = step + 1
+
+    def _close(self) -> None:
+        if self._open is not None:
+            for name, value in self.monitor.collect().items():
+                self._points[f"{CURVE_KEY}/{self._open}/{name}"] = value
+            self._open = None
+
+    def preload(self, points: dict[str, float]) -> None:
+        """Points of earlier steps (a cut run's :data:`PENDING_CURVE`), returned by the next
+        :meth:`flush`."""
+        self._points.update(points)
+
+    def flush(self) -> dict[str, float]:
+        """``{"max_abs/<step>/<module>": max |x|}`` since the last flush, the maximum over the
+        processes (every process must call it)."""
+        self._close()
+        points, self._points = self._points, {}
+        if not points:
+            return {}
+        merged = _gathered(list(points.values())).amax(dim=0).tolist()
+        return dict(zip(points, merged, strict=True))
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        self.monitor.remove()
+
+
+def curve_points(entries: dict[str, float]) -> list[dict[str, Any]]:
+    """``[{"step": s, "max_abs": {module: value}}]`` in step order from ``max_abs/<step>/<module>``
+    entries (other entries are ignored)."""
+    points: dict[int, dict[str, float]] = {}
+    for key, value in entries.items():
+        if key.startswith(CURVE_KEY + "/"):
+            _, step, name = key.split("/", 2)
+            points.setdefault(int(step), {})[name] = value
+    return [{"step": s, "max_abs": points[s]} for s in sorted(points)]
 
 
 @dataclass
@@ -259,6 +351,8 @@ class ForecastFit:
         processes: processes that trained it.
         history: per epoch ``{"epoch", "lr", "train_mse", "val_mse", "val_mae", "seconds",
             "cpu_seconds"}`` (training wall and CPU time of the epoch, see :class:`EpochClock`).
+        curve: the :class:`TrainingCurve` points ``{"step", "max_abs": {module: value}}`` of a
+            run with ``monitor`` (empty without).
     """
 
     best_epoch: int
@@ -270,6 +364,7 @@ class ForecastFit:
     resumed_from: int | None
     processes: int
     history: list[dict[str, float]] = field(default_factory=list)
+    curve: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def seconds_per_epoch(self) -> float:
@@ -282,9 +377,12 @@ class ForecastFit:
         return _mean([h["cpu_seconds"] for h in self.history])
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields and the per-epoch means, for JSON."""
+        """The fields (``curve`` only when one was recorded) and the per-epoch means, for JSON."""
+        fields = asdict(self)
+        if not self.curve:
+            del fields["curve"]
         return {
-            **asdict(self),
+            **fields,
             "seconds_per_epoch": self.seconds_per_epoch,
             "cpu_seconds_per_epoch": self.cpu_seconds_per_epoch,
         }
@@ -294,9 +392,12 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _mse_loss(clock: EpochClock) -> Callable[[nn.Module, Any], Tensor]:
+def _mse_loss(
+    clock: EpochClock, before_batch: Callable[[], None]
+) -> Callable[[nn.Module, Any], Tensor]:
     def loss_fn(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         clock.start()
+        before_batch()
         x, y = batch
         return nn.functional.mse_loss(model(x), y)
 
@@ -304,16 +405,21 @@ def _mse_loss(clock: EpochClock) -> Callable[[nn.Module, Any], Tensor]:
 
 
 def _validation(
-    clock: EpochClock, dataset: WindowDataset, recipe: ForecastRecipe
+    clock: EpochClock,
+    dataset: WindowDataset,
+    recipe: ForecastRecipe,
+    curve: TrainingCurve | None,
 ) -> Callable[[nn.Module], dict[str, float]]:
     def validate(model: nn.Module) -> dict[str, float]:
         seconds, cpu_seconds = clock.lap()
+        points = curve.flush() if curve is not None else {}  # before the validation passes
         metrics = evaluate(model, dataset, recipe.eval_batch, recipe.max_eval_batches)
         return {
             "val_mse": metrics["mse"],
             "val_mae": metrics["mae"],
             "train_seconds": seconds,
             "train_cpu_seconds": cpu_seconds,
+            **points,
         }
 
     return validate
@@ -346,6 +452,8 @@ def train_forecaster(
     seed: int,
     identity: Any,
     cpu: bool = False,
+    monitor: Sequence[str] = (),
+    points_per_epoch: int = 10,
 ) -> ForecastFit:
     """Train ``model`` on ``splits.train`` with early stopping on ``splits.val``.
 
@@ -359,13 +467,22 @@ def train_forecaster(
         identity: what defines the run (JSON-serialisable); the folder's checkpoints are resumed
             only when its ``run.json`` holds the same.
         cpu: train on the CPU even where a GPU is present (without CUDA always the CPU).
+        monitor: module name patterns whose ``max |x|`` on the training batches is recorded
+            (:class:`TrainingCurve`; empty: no curve).
+        points_per_epoch: curve points per epoch at most: every
+            ``max(1, epoch_steps // points_per_epoch)``-th step is recorded.
 
     Returns:
         :class:`ForecastFit`; ``model`` holds the weights of the best validation epoch (or the
         last weights when no epoch ended, under ``--max-steps``).
     """
     per_epoch = epoch_steps(len(splits.train), recipe)
+    if not isinstance(points_per_epoch, int) or points_per_epoch < 1:
+        raise ValueError(f"points_per_epoch must be an int >= 1, got {points_per_epoch!r}")
     clock = EpochClock()
+    curve = (
+        TrainingCurve(model, monitor, max(1, per_epoch // points_per_epoch)) if monitor else None
+    )
     training = ctx.training_config(
         max_steps=recipe.epochs * per_epoch,
         batch_size=recipe.batch_size,
@@ -384,21 +501,34 @@ def train_forecaster(
         restore_best=True,
         cpu=cpu or not torch.cuda.is_available(),  # accelerate's CPU processes need cpu=True
     )
-    state = same_run(ctx, f"{folder}/run.json", identity)
+    resume = same_run(ctx, f"{folder}/run.json", identity) == "same"
+    if curve is not None and resume:
+        curve.preload(_pending_curve(ctx, folder))
+
+    def before_batch() -> None:
+        if curve is not None:
+            curve.before_batch(trainer.step)
+
     trainer = Trainer(
         model,
         splits.train,
-        _mse_loss(clock),
+        _mse_loss(clock, before_batch),
         training,
         ctx.path(folder),
-        evaluate=_validation(clock, splits.val, recipe),
+        evaluate=_validation(clock, splits.val, recipe, curve),
         schedule=lambda step: epoch_lr_factor(
             recipe.schedule, step // per_epoch + 1, recipe.epochs
         ),
         progress=ctx.progress,
     )
-    result = trainer.fit(resume=state == "same")
+    result = trainer.fit(resume=resume)
     trainer.close()
+    leftover: dict[str, float] = {}
+    if curve is not None:
+        curve.remove()
+        leftover = curve.flush()  # points after the last evaluation: a --max-steps cut
+        _keep_pending_curve(ctx, folder, leftover)
+    evaluated = {k: v for r in result.log if "eval" in r for k, v in r["eval"].items()}
     return ForecastFit(
         best_epoch=(result.best_step or 0) // per_epoch,
         epochs_run=result.step // per_epoch,
@@ -409,7 +539,27 @@ def train_forecaster(
         resumed_from=result.resumed_from,
         processes=result.processes,
         history=_history(result.log, per_epoch),
+        curve=curve_points({**evaluated, **leftover}),
     )
+
+
+def _pending_curve(ctx: RunContext, folder: str) -> dict[str, float]:
+    """The curve points a ``--max-steps`` cut left in ``folder`` after its last evaluation, if
+    they belong to the checkpoint the run resumes from (else none)."""
+    saved = ctx.load_json(f"{folder}/{PENDING_CURVE}")
+    checkpoint = latest_checkpoint(ctx.path(folder))
+    if saved is None or checkpoint is None or saved["checkpoint"] != checkpoint.name:
+        return {}
+    return {str(k): float(v) for k, v in saved["points"].items()}
+
+
+def _keep_pending_curve(ctx: RunContext, folder: str, points: dict[str, float]) -> None:
+    """Save ``points`` (not yet in the log) with the name of the run's newest checkpoint."""
+    checkpoint = latest_checkpoint(ctx.path(folder))
+    if points and checkpoint is not None:
+        ctx.save_json(
+            f"{folder}/{PENDING_CURVE}", {"checkpoint": checkpoint.name, "points": points}
+        )
 
 
 def load_splits(

@@ -14,6 +14,15 @@ out); the best checkpoint is evaluated once on the test windows:
 It also recomputes the paper's claim that OutEffHop ranks first or second among the four Table 2
 models in 25 of 30 (setting, outlier metric) pairs, on our numbers.
 
+**Figure 2(d)** (the training curves): while each run trains, ``max |x|`` of every decoder
+layer's output on the current training batch is recorded at up to :data:`CURVE_POINTS` evenly
+spaced steps per epoch (:class:`hopfield.experiments.forecasting_common.TrainingCurve`: read-only
+hooks, so training and every other number are unchanged). The run's ``curve`` in ``runs.json``
+holds all points; the report shows, for the first setting, the mean over seeds of the paper's
+layer (:func:`figure_layer`) and of the maximum over the decoder layers, as a table and as
+``figure2d_stanhop.png`` (one panel per pair: vanilla / clipped / gated against its OutEffHop
+variant).
+
 Training goes through :class:`hopfield.training.Trainer`
 (:func:`hopfield.experiments.forecasting_common.train_forecaster`: Adam, the per-epoch ``type1``
 schedule, gradient clipping, early stopping, best epoch restored; the last incomplete batch of
@@ -155,6 +164,23 @@ _TABLE1 = {
 }
 
 _METRICS = ("mse", "mae", "avg_kurtosis", "max_inf_norm")
+
+#: The decoder-layer outputs whose outliers are measured and whose training curve is recorded.
+DECODER_LAYERS = r"decoder\.\d+"
+
+#: Training-curve points per epoch at most (every ``max(1, steps per epoch // CURVE_POINTS)``-th
+#: step).
+CURVE_POINTS = 10
+
+#: The panels of Figure 2(d), left to right: (counterpart, its OutEffHop variant).
+FIGURE2_PAIRS: tuple[tuple[str, str], ...] = (
+    ("dense", "outeffhop"),
+    ("clipped", "clipped_outeffhop"),
+    ("gated", "gated_outeffhop"),
+)
+
+#: Rows per model of the Figure 2(d) table at most (evenly spaced points, the last included).
+_CURVE_ROWS = 12
 
 
 def paper_table2(dataset: str, horizon: int, model: str) -> dict[str, float] | None:
@@ -307,7 +333,7 @@ def measure(
     model: STanHopNet, splits: ForecastSplits, config: Config, batch: int
 ) -> dict[str, Any]:
     """Test MSE/MAE, decoder-layer outlier metrics and (optionally) the W8A8 test MSE/MAE."""
-    with ActivationRecorder(model, [r"decoder\.\d+"]) as recorder:
+    with ActivationRecorder(model, [DECODER_LAYERS]) as recorder:
         test = evaluate(model, splits.test, batch, config.max_eval_batches)
     summary = recorder.summary()
     record: dict[str, Any] = {
@@ -409,6 +435,9 @@ def run(config: Config, ctx: RunContext) -> Results:
             _train(config, ctx, runs, (key, setting, kind, seed), splits, identity)
     results = summarise(config, runs)
     results.notes.extend(sorted(s for s in sources if s.startswith("STAND-IN")))
+    figure = plot_figure2d(config, runs, ctx)
+    if figure is not None:
+        results.figures.append(figure)
     return results
 
 
@@ -435,10 +464,151 @@ def _train(
         seed=seed,
         identity=identity,
         cpu=config.device == "cpu",
+        monitor=[DECODER_LAYERS],
+        points_per_epoch=CURVE_POINTS,
     )
     record = measure(model, splits, config, training.eval_batch)
     record.update(fitted.to_dict())
     save_run(ctx, runs, key, record, identity=identity, folder=folder, finished=fitted.finished)
+
+
+def figure_layer(e_layers: int) -> int:
+    """The decoder layer Figure 2(d) draws: the paper's layer 9 of the 12 decoder layers (E = 11),
+    read as index 9 (as the ``outliers`` experiment reads BERT's layer 10 of 12), i.e. the third
+    from the top at any depth; index 0 when there are fewer than three."""
+    return max(0, e_layers - 2)
+
+
+@dataclass
+class Curve:
+    """The training curve of one model, averaged over its runs (Figure 2(d)).
+
+    Attributes:
+        steps: the optimiser steps that every averaged run recorded.
+        layer: mean over the runs of ``max |x|`` of the :func:`figure_layer` output.
+        top: mean over the runs of the maximum over the decoder layers.
+        runs: how many runs are averaged.
+    """
+
+    steps: list[int]
+    layer: list[float]
+    top: list[float]
+    runs: int
+
+
+def mean_curve(found: Sequence[dict[str, Any]], layer: int) -> Curve | None:
+    """The :class:`Curve` of the runs in ``found`` that recorded one (``None`` if none did)."""
+    curves = [{p["step"]: p["max_abs"] for p in r["curve"]} for r in found if r.get("curve")]
+    if not curves:
+        return None
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    name = f"decoder.{layer}"
+    return Curve(
+        steps,
+        [sum(c[s][name] for c in curves) / len(curves) for s in steps],
+        [sum(max(c[s].values()) for c in curves) / len(curves) for s in steps],
+        len(curves),
+    )
+
+
+def _curves(config: Config, runs: dict[str, Any]) -> tuple[dict[str, Curve], int]:
+    """The first setting's curve per model, and how many of its runs recorded none."""
+    dataset, horizon, *_ = _setting(config.settings[0])
+    curves: dict[str, Curve] = {}
+    missing = 0
+    for model in config.models:
+        found = [
+            runs[f"{dataset}|{horizon}|{model}|{config.seed + s}"] for s in range(config.seeds)
+        ]
+        missing += sum(not r.get("curve") for r in found)
+        curve = mean_curve(found, figure_layer(config.e_layers))
+        if curve is not None:
+            curves[model] = curve
+    return curves, missing
+
+
+def _spaced(n: int, most: int) -> list[int]:
+    """At most ``most`` (>= 2) evenly spaced indices of ``range(n)``, the first and last included."""
+    if n <= most:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+def figure2d(config: Config, runs: dict[str, Any]) -> tuple[Table, dict[str, float], list[str]]:
+    """The Figure 2(d) table, its metrics and notes, for the first setting.
+
+    Metrics: ``figure2d/<model>/mean_max_abs`` (the curve's mean over its steps, figure layer)
+    and, per pair of :data:`FIGURE2_PAIRS`, ``figure2d/<new>_below_<old>``: the share of the
+    steps both curves recorded at which the OutEffHop variant's is lower.
+    """
+    dataset, horizon, *_ = _setting(config.settings[0])
+    k = figure_layer(config.e_layers)
+    curves, missing = _curves(config, runs)
+    rows = [
+        [model, c.steps[i], c.runs, c.layer[i], c.top[i]]
+        for model, c in curves.items()
+        for i in _spaced(len(c.steps), _CURVE_ROWS)
+    ]
+    metrics = {f"figure2d/{m}/mean_max_abs": sum(c.layer) / len(c.layer) for m, c in curves.items()}
+    notes = []
+    for old, new in FIGURE2_PAIRS:
+        a, b = curves.get(old), curves.get(new)
+        common = sorted(set(a.steps) & set(b.steps)) if a and b else []
+        if a is None or b is None or not common:
+            continue
+        below = sum(b.layer[b.steps.index(s)] < a.layer[a.steps.index(s)] for s in common)
+        metrics[f"figure2d/{new}_below_{old}"] = below / len(common)
+        notes.append(
+            f"Figure 2(d), {new} against {old}: lower max |x| (decoder layer {k}) at {below} of "
+            f"{len(common)} recorded steps; mean over the steps {metrics[f'figure2d/{new}/mean_max_abs']:.4g} "
+            f"vs {metrics[f'figure2d/{old}/mean_max_abs']:.4g}."
+        )
+    if missing:
+        notes.append(
+            f"Figure 2(d): {missing} run(s) of {dataset}/{horizon} have no training curve "
+            "(recorded before curves were kept); run again with --overwrite to draw them."
+        )
+    table = Table(
+        name=f"Figure 2(d): max |x| of the decoder layers on training batches, {dataset}, "
+        f"horizon {horizon}",
+        columns=["model", "step", "runs", f"decoder layer {k}", "max over decoder layers"],
+        rows=rows,
+        caption=(
+            f"max |x| of the layer outputs on the step's training batch, mean over runs; layer "
+            f"{k} of {config.e_layers + 1} stands for the paper's layer 9 of 12. At most "
+            f"{_CURVE_ROWS} evenly spaced steps per model (runs.json → curve holds every point)."
+        ),
+    )
+    return table, metrics, notes
+
+
+def plot_figure2d(config: Config, runs: dict[str, Any], ctx: RunContext) -> str | None:
+    """Draw Figure 2(d) (one panel per pair of :data:`FIGURE2_PAIRS` with curves) as
+    ``figure2d_stanhop.png``; its name, or ``None`` when no pair has curves."""
+    curves, _ = _curves(config, runs)
+    pairs = [(a, b) for a, b in FIGURE2_PAIRS if a in curves and b in curves]
+    if not pairs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = figure_layer(config.e_layers)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 3.4), squeeze=False)
+    for ax, pair in zip(axes[0], pairs, strict=True):
+        for model, color in zip(pair, ("0.5", "tab:red"), strict=True):
+            c = curves[model]
+            ax.plot(c.steps, c.layer, color=color, marker=".", label=f"{model}, layer {k}")
+            ax.plot(c.steps, c.top, color=color, linestyle="--", label=f"{model}, all layers")
+        ax.set_title(f"{pair[0]} vs {pair[1]}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("max |x| on the training batch")
+        ax.legend(fontsize=7)
+    dataset, horizon, *_ = _setting(config.settings[0])
+    fig.suptitle(f"Figure 2(d), STanHop-Net, {dataset}/{horizon}: decoder ||x||∞ during training")
+    fig.tight_layout()
+    return ctx.save_figure(fig, "figure2d_stanhop.png", dpi=110)
 
 
 def _mean(found: list[dict[str, Any]], metric: str) -> float | None:
@@ -505,6 +675,8 @@ def summarise(config: Config, runs: dict[str, Any]) -> Results:
     }
     paper_count, paper_pairs = top_two_count(paper_entries)
     metrics.update(outeffhop_top_two=count, outeffhop_top_two_pairs=pairs)
+    curve_table, curve_metrics, curve_notes = figure2d(config, runs)
+    metrics.update(curve_metrics)
     first = config.settings[0]
     return Results(
         tables=[
@@ -558,6 +730,7 @@ def summarise(config: Config, runs: dict[str, Any]) -> Results:
                 ],
                 caption="Metrics: average kurtosis and max inf norm; lower ranks first.",
             ),
+            curve_table,
         ],
         metrics=metrics,
         notes=[
@@ -565,6 +738,7 @@ def summarise(config: Config, runs: dict[str, Any]) -> Results:
             "per position; see docs/timeseries.md for the deviations from the authors' code.",
             "W8A8: INT8 weights and activations of Linear, LayerNorm and GELU modules; association "
             "scores and weights stay in floating point.",
+            *curve_notes,
         ],
     )
 
