@@ -97,6 +97,33 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
     assert metrics["hyperset-scaleup-lora2_params"] > metrics["hyperset-scaleup_params"]
 
 
+def test_images_on_an_imagenet100_folder(tmp_path: Path) -> None:
+    """dataset="imagenet100" reads a class-folder tree through the cached loader (Hyper-SET and
+    the Energy Transformer at grid 16, 14-pixel patches); without the tree it names the path."""
+    from PIL import Image
+
+    from hopfield.data.imagenet100 import FOLDER
+
+    tree = tmp_path / "data" / FOLDER
+    for split, count in (("train", 8), ("val", 3)):
+        for label, wnid in enumerate(("n00000001", "n00000002")):
+            (tree / split / wnid).mkdir(parents=True)
+            for i in range(count):
+                colour = (200 * label, 10 * i, 100)
+                Image.new("RGB", (20 + i, 18), colour).save(tree / split / wnid / f"{i}.png")
+    (tree / "imagenet100.txt").write_text("n00000001\nn00000002\n")
+    changes = {**ONE_MODEL, "models": '["hyperset", "et"]', "dataset": '"imagenet100"',
+               "grid": "16", "batch_size": "8", "analysis_size": "4", "eval_batch_size": "4"}  # fmt: skip
+    path = run_experiment("hyperset-images", "tiny", tmp_path / "out", data_dir=tmp_path / "data",
+                          progress=False, overrides=changes)  # fmt: skip
+    metrics = json.loads(path.read_text())["results"]["metrics"]
+    assert 0.0 <= metrics["et_accuracy"] <= 100.0 and 0.0 <= metrics["hyperset_accuracy"] <= 100.0
+    assert (tree / "cache-224" / "val" / "manifest.json").is_file()  # cached beside the data
+    with pytest.raises(DataNotFoundError, match="imagenet100 not found"):
+        run_experiment("hyperset-images", "tiny", tmp_path / "none", data_dir=tmp_path / "none",
+                       progress=False, overrides=changes)  # fmt: skip
+
+
 def test_paper_presets_fail_clearly_without_data(tmp_path: Path) -> None:
     with pytest.raises(DataNotFoundError):
         run_experiment("hyperset-sudoku", "paper", tmp_path, data_dir=tmp_path, progress=False)

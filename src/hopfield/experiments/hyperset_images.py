@@ -13,11 +13,14 @@ energy / effective-rank / angle trajectories on test images (Figs. 5-6, bottom) 
 
 Data: scikit-learn digits (always present; 8×8, grid 4 → 2×2-pixel patches), MNIST (only its
 test split is in the shared data: ``split_test_for_train`` carves a train set out of it),
-Fashion-MNIST (Debian package ``dataset-fashion-mnist``) and CIFAR-10 when present.
+Fashion-MNIST (Debian package ``dataset-fashion-mnist``), CIFAR-10 / CIFAR-100 and ImageNet-100
+(``dataset="imagenet100"``, 224-pixel images from a user-supplied class-folder tree and CMC class
+list, :mod:`hopfield.data.imagenet100`; the paper's grid there is 16) when present.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,10 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.data import DataNotFoundError
+from hopfield.data import DataNotFoundError, data_root
+from hopfield.data.imagenet100 import FOLDER, ImageFolderCache, load_imagenet100
 from hopfield.data.images import (
     IMAGE_DATASETS,
     STAND_IN_SHAPES,
+    StandInImages,
     load_image_dataset,
     stand_in_images,
 )
@@ -54,6 +59,7 @@ from hopfield.experiments.hyperset_common import (
     trajectory_table,
 )
 from hopfield.experiments.hyperset_sudoku import VARIANTS
+from hopfield.experiments.outliers_tasks import main_process_first
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.energy_transformer import energy_image_classifier
@@ -172,15 +178,54 @@ STAND_IN_COUNTS = {"train": 1024, "test": 256}
 LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "threads")
 
 
+#: ImageNet-100 (:mod:`hopfield.data.imagenet100`): side of the cached images, the usual
+#: ImageNet channel statistics used to normalise them, and its number of classes.
+IMAGENET100_SIZE = 224
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET100_CLASSES = 100
+
+#: Every ``Config.dataset`` and the side of its images.
+IMAGE_SIDES = {**{name: STAND_IN_SHAPES[name][1] for name in IMAGE_DATASETS},
+               "imagenet100": IMAGENET100_SIZE}  # fmt: skip
+
+
+class FolderImages:
+    """The first ``count`` images of an :class:`~hopfield.data.imagenet100.ImageFolderCache`,
+    read on demand and normalised per channel: ``images[index]`` float32 ``(..., 3, S, S)`` for a
+    slice or a long tensor of indices, as a tensor of normalised images would give."""
+
+    def __init__(self, cache: ImageFolderCache, count: int = 0) -> None:
+        self.cache = cache
+        self.count = min(count, len(cache)) if count else len(cache)
+        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(count, 3, S, S)``."""
+        return (self.count, *self.cache.shape[1:])
+
+    def __getitem__(self, index: slice | Tensor) -> Tensor:
+        positions = torch.arange(self.count)[index]
+        return (self.cache[positions].float() / 255.0 - self.mean) / self.std
+
+
+Images = Tensor | FolderImages
+
+
 @dataclass
 class _Images:
     """Normalised training and test images ``(N, C, H, W)`` with their labels, the number of
     classes (of the whole splits), and where they come from (the dataset's name, or a
     ``"STAND-IN ..."`` note)."""
 
-    x_train: Tensor
+    x_train: Images
     y_train: Tensor
-    x_test: Tensor
+    x_test: Images
     y_test: Tensor
     num_classes: int
     source: str
@@ -200,7 +245,50 @@ def _split(name: str, split: str, ctx: RunContext) -> tuple[Tensor, Tensor, str]
     return images, labels, note
 
 
+def _imagenet100(config: Config, ctx: RunContext) -> _Images:
+    """ImageNet-100 from ``<data root>/images/imagenet100`` (train / val), cached once at 224
+    pixels beside the data when that folder is writable, else in the run folder; with
+    ``--stand-in-data`` random 100-class images where it is absent."""
+    root = data_root(ctx.data_dir)
+    tree = None if root is None else root / FOLDER
+    cache = None if tree is not None and os.access(tree, os.W_OK) else ctx.out_dir / "imagenet100"
+
+    def load(split: str, count: int) -> tuple[FolderImages, Tensor]:
+        images = main_process_first(
+            lambda: load_imagenet100(split, ctx.data_dir, size=IMAGENET100_SIZE, cache_dir=cache)
+        )
+        part = FolderImages(images, count)
+        return part, images.labels[: len(part)]
+
+    x_train: Images
+    x_test: Images
+    try:
+        x_train, y_train = load("train", config.train_size)
+        x_test, y_test = load("val", config.test_size)
+        source, classes = "imagenet100", len(x_train.cache.classes)
+    except DataNotFoundError:
+        if not ctx.stand_in_data:
+            raise
+        (x_train, y_train), (x_test, y_test) = (
+            StandInImages(
+                min(limit or count, count), 3, IMAGENET100_SIZE, IMAGENET100_CLASSES, seed=seed
+            ).tensors()
+            for seed, (count, limit) in enumerate(
+                ((STAND_IN_COUNTS["train"], config.train_size),
+                 (STAND_IN_COUNTS["test"], config.test_size)), start=1
+            )
+        )  # fmt: skip
+        source, classes = (
+            "STAND-IN random images in place of imagenet100, which is absent; the numbers mean "
+            "nothing.",
+            IMAGENET100_CLASSES,
+        )
+    return _Images(x_train, y_train, x_test, y_test, classes, source)
+
+
 def _data(config: Config, ctx: RunContext) -> _Images:
+    if config.dataset == "imagenet100":
+        return _imagenet100(config, ctx)
     if config.split_test_for_train:
         images, labels = load_image_dataset(config.dataset, "test", ctx.data_dir)
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(config.seed))
@@ -242,7 +330,7 @@ def augment(
 
 
 def _augmented(
-    images: Tensor, labels: Tensor, config: Config, indices: Tensor
+    images: Images, labels: Tensor, config: Config, indices: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The training micro-batch of ``indices``: augmented images and their labels."""
     return augment(images[indices], config.crop_padding, config.flip), labels[indices]
@@ -287,7 +375,7 @@ def _parse(name: str) -> tuple[str, dict[str, Any]]:
 
 def check_config(config: Config) -> None:
     """:class:`ConfigError` naming the first field ``config`` cannot run with."""
-    check_choice("dataset", config.dataset, tuple(IMAGE_DATASETS))
+    check_choice("dataset", config.dataset, tuple(IMAGE_SIDES))
     check_ints(config, "grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_heads")
     check_ints(config, "iterations", "epochs", "batch_size", "analysis_size", "eval_batch_size")
     check_ints(config, "time_frequency", minimum=4)
@@ -303,7 +391,7 @@ def check_config(config: Config) -> None:
                 f"{width} ({getattr(config, width)}) must be divisible by {heads} "
                 f"({getattr(config, heads)})"
             )
-    side = STAND_IN_SHAPES[config.dataset][1]
+    side = IMAGE_SIDES[config.dataset]
     if side % config.grid:
         raise ConfigError(
             f"grid ({config.grid}) must divide the {side}-pixel images of {config.dataset}"
@@ -362,7 +450,7 @@ def build(
 
 
 @torch.no_grad()
-def accuracy(model: ImageClassifier, images: Tensor, labels: Tensor, batch_size: int) -> float:
+def accuracy(model: ImageClassifier, images: Images, labels: Tensor, batch_size: int) -> float:
     """Top-1 accuracy (%)."""
     model.eval()
     device = device_of(model)
