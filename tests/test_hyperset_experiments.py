@@ -124,6 +124,39 @@ def test_images_on_an_imagenet100_folder(tmp_path: Path) -> None:
                        progress=False, overrides=changes)  # fmt: skip
 
 
+def _params(name: str, classes: int = 10, **changes: int) -> int:
+    """Parameters of model ``name`` of the hyperset-images paper preset (CIFAR-sized images
+    unless ``changes`` say otherwise), built on the meta device."""
+    from dataclasses import replace
+
+    from hopfield.experiments.hyperset_images import PRESETS, build
+    from hopfield.nn.hyperset import count_parameters
+
+    size = changes.pop("image_size", 32)
+    with torch.device("meta"):
+        return count_parameters(build(replace(PRESETS["paper"], **changes), name, size, 3, classes))
+
+
+def test_paper_preset_parameter_counts() -> None:
+    """Spec §4.5: Table 1's ET row, Table 20's scaled-up rows and Table 4's LoRA ranks."""
+    from hopfield.experiments.hyperset_images import PRESETS, _model_names
+
+    names = _model_names(PRESETS["paper"])
+    assert {"et", "et-d1152", "transformer-d1152", "crate-d1152", "hyperset-d1536"} <= set(names)
+    assert names[-4:] == [f"hyperset-scaleup-lora{r}" for r in (4, 8, 16, 32)]
+    assert _params("et") == 908_939
+    assert (_params("hyperset-d1536"), _params("hyperset-d1536", 100)) == (14_268_394, 14_406_724)
+    transformer = (_params("transformer-d1152"), _params("transformer-d1152", 100))
+    assert transformer == (16_001_290, 16_105_060)
+    # the paper prints only 0.1 M for these: 8.0 / 8.1 M (ET), 4.1 / 4.2 M (CRATE)
+    wide = [round(_params(n, c) / 1e5) for n in ("et-d1152", "crate-d1152") for c in (10, 100)]
+    assert wide == [80, 81, 41, 42]
+    imagenet = {"image_size": 224, "grid": 16}
+    assert _params("hyperset-scaleup", 100, **imagenet) == 1_934_268  # Table 4, rank 0
+    lora = [_params(f"hyperset-scaleup-lora{r}", 100, **imagenet) for r in (4, 8, 16, 32)]
+    assert lora == [2_032_572, 2_130_876, 2_327_484, 2_720_700]
+
+
 def test_paper_presets_fail_clearly_without_data(tmp_path: Path) -> None:
     with pytest.raises(DataNotFoundError):
         run_experiment("hyperset-sudoku", "paper", tmp_path, data_dir=tmp_path, progress=False)
