@@ -98,6 +98,8 @@ def test_tiny_stanhop(tmp_path: Path) -> None:
     assert len(runs) == 8 and all(r["processes"] == 2 and r["finished"] for r in runs.values())
     assert all(r["mse"] > 0 and r["w8a8_mse"] > 0 for r in runs.values())
     assert record["results"]["tables"][2]["rows"][1][1:] == [25, 30]
+    # Figure 2(d): both steps recorded, the maximum over the processes' halves of each batch
+    assert all([p["step"] for p in r["curve"]] == [1, 2] for r in runs.values())
 
 
 # --- paper presets, 2 steps -------------------------------------------------------------------

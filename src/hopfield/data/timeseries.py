@@ -61,6 +61,8 @@ class SeriesSpec:
             ``None`` where that protocol uses the 0.7/0.1/0.2 ratio.
         shape: ``(rows, series)`` of the file (the ``date`` column not counted): the shape of
             its stand-in (:func:`stand_in_series`).
+        user_supplied: the project does not ship the file (ECL, Traffic): it is not checksummed,
+            and an experiment skips the dataset when it is absent instead of stopping.
     """
 
     name: str
@@ -68,6 +70,7 @@ class SeriesSpec:
     target: str
     stanhop_rows: tuple[int, int, int] | None
     shape: tuple[int, int]
+    user_supplied: bool = False
 
 
 DATASETS: dict[str, SeriesSpec] = {
@@ -111,6 +114,7 @@ DATASETS: dict[str, SeriesSpec] = {
         "MT_000",
         (15 * _HOURS_PER_MONTH, 3 * _HOURS_PER_MONTH, 4 * _HOURS_PER_MONTH),
         (26_304, 321),
+        user_supplied=True,
     ),
     "Traffic": SeriesSpec(
         "Traffic",
@@ -118,6 +122,7 @@ DATASETS: dict[str, SeriesSpec] = {
         "0",
         None,
         (17_544, 862),
+        user_supplied=True,
     ),
 }
 
