@@ -129,6 +129,8 @@ def test_curve_arguments_are_checked(tmp_path: Path) -> None:
     model = Probed(8, 4, 2)
     with pytest.raises(ValueError, match="every"):
         TrainingCurve(model, MONITOR, 0)
+    with pytest.raises(TypeError, match="every"):
+        TrainingCurve(model, MONITOR, 1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="patterns"):
         TrainingCurve(model, ["nothing"], 1)
     ctx = RunContext(out_dir=tmp_path, progress=False)

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hopfield._validation import check_int
 from hopfield.data.files import DataNotFoundError
 from hopfield.data.timeseries import ForecastSplits, WindowDataset, load_forecasting
 from hopfield.experiments.outliers_tasks import same_run
@@ -283,10 +284,8 @@ class TrainingCurve:
     """
 
     def __init__(self, model: nn.Module, patterns: Sequence[str], every: int) -> None:
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be an int >= 1, got {every!r}")
+        self.every = check_int("every", every)
         self.monitor = MaxAbsMonitor(model, patterns)
-        self.every = every
         self._open: int | None = None
         self._points: dict[str, float] = {}
 
@@ -477,8 +476,7 @@ def train_forecaster(
         last weights when no epoch ended, under ``--max-steps``).
     """
     per_epoch = epoch_steps(len(splits.train), recipe)
-    if not isinstance(points_per_epoch, int) or points_per_epoch < 1:
-        raise ValueError(f"points_per_epoch must be an int >= 1, got {points_per_epoch!r}")
+    check_int("points_per_epoch", points_per_epoch)
     clock = EpochClock()
     curve = (
         TrainingCurve(model, monitor, max(1, per_epoch // points_per_epoch)) if monitor else None
