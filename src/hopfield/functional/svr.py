@@ -385,43 +385,41 @@ class _Dual:
         return b, sweeps, False
 
     def polish(self, b: np.ndarray) -> np.ndarray:
-        """Re-solve the free coefficients of every column on its active set (kept if it helps)."""
-        out = b.copy()
-        for i in range(b.shape[1]):
-            candidate = self._solve_free(b[:, i], i)
-            if candidate is not None:
-                trial = out.copy()
-                trial[:, i] = candidate
-                if self._column_violation(trial[:, i], i) <= self._column_violation(b[:, i], i):
-                    out = trial
-        return out
-
-    def _solve_free(self, b: np.ndarray, i: int) -> np.ndarray | None:
-        """Coefficients off the kinks (``0``, ``±C``) solve ``y - Gb = ±ε`` (or ``±ϵ/√d``)."""
+        """Re-solve the free coefficients (off the kinks ``0``, ``±C``) of every column so their
+        residuals ``y - Gb`` sit exactly at ``±ε`` (or ``±ϵ/√d`` beyond ``C``); columns sharing an
+        active set are solved together. A column keeps the result only if it is closer to KKT."""
         magnitude = np.abs(b)
         free = (magnitude > 0) & (magnitude != self.C)
-        if not free.any():
-            return None
-        level = np.where(magnitude < self.C, self.epsilon, self.tube)[free] * np.sign(b[free])
-        fixed = ~free
-        rhs = self.y[free, i] - level - self.gram[np.ix_(free, fixed)] @ b[fixed]
-        try:
-            solved = np.linalg.solve(self.gram[np.ix_(free, free)], rhs)
-        except np.linalg.LinAlgError:
-            return None
+        target = self.y - np.where(magnitude < self.C, self.epsilon, self.tube) * np.sign(b)
+        groups: dict[bytes, list[int]] = {}
+        for i in range(b.shape[1]):
+            groups.setdefault(free[:, i].tobytes(), []).append(i)
         out = b.copy()
-        out[free] = solved
-        return out
+        for columns in groups.values():
+            rows = free[:, columns[0]]
+            if not rows.any():
+                continue
+            fixed = ~rows
+            rhs = (
+                target[np.ix_(rows, columns)]
+                - self.gram[np.ix_(rows, fixed)] @ b[np.ix_(fixed, columns)]
+            )
+            # Least squares: with a singular Gram matrix (e.g. the linear kernel with M > d) the
+            # coefficients are not unique, the predictions are; the minimum-norm one is taken.
+            solved = np.linalg.lstsq(self.gram[np.ix_(rows, rows)], rhs, rcond=None)[0]
+            out[np.ix_(rows, columns)] = solved
+        better = self._violations(out) <= self._violations(b)
+        return np.where(better[None, :], out, b)
 
-    def _column_violation(self, b: np.ndarray, i: int) -> float:
-        residual = self.y[:, i] - self.gram @ b
-        return float(_kkt(b, residual, self.epsilon, self.C, self.tube).max(initial=0.0))
+    def _violations(self, b: np.ndarray) -> np.ndarray:
+        """The largest KKT violation of every column: ``(d_out,)``."""
+        residual = self.y - self.gram @ b
+        return _kkt(b, residual, self.epsilon, self.C, self.tube).max(axis=0, initial=0.0)
 
     def kkt_violation(self, b: np.ndarray) -> float:
         """The largest KKT violation over every coefficient, relative to ``1 + max|y|``."""
-        residual = self.y - self.gram @ b
-        worst = _kkt(b, residual, self.epsilon, self.C, self.tube).max(initial=0.0)
-        return float(worst) / (1.0 + float(np.abs(self.y).max(initial=0.0)))
+        worst = float(self._violations(b).max(initial=0.0))
+        return worst / (1.0 + float(np.abs(self.y).max(initial=0.0)))
 
 
 def _kkt(b: np.ndarray, residual: np.ndarray, epsilon: float, C: float, tube: float) -> np.ndarray:
