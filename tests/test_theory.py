@@ -48,8 +48,27 @@ def test_every_theorem_and_trend_holds_at_the_tiny_preset(record: dict) -> None:
         "Nonparametric Lemma 4.1",
         "Nonparametric Prop. 4.1",
         "Nonparametric Cor. 4.1.3",
+        "Nonparametric Thm 3.1",
+        "Nonparametric Lemma 3.1",
+        "Nonparametric Thm 3.2",
+        "Nonparametric Def. 3.2",
+        "OutEffHop Thm 3.4",
     ):
         assert expected in papers
+
+
+def test_svr_and_generalization_tables(record: dict) -> None:
+    tables = {t["name"]: t for t in record["results"]["tables"]}
+    svr = tables["SVR memory: ϵ-retrieval versus memory size"]
+    for size, _beta, _c, stored, svr_success, dense_success in svr["rows"]:
+        assert size in (20, 50)
+        assert 0 < stored <= 1 + 1e-9  # every stored pair within ϵ
+        assert 0 <= svr_success <= 1 and 0 <= dense_success <= 1
+    gap = tables["OutEffHop Thm 3.4: generalization gap versus the bound"]
+    assert [row[0] for row in gap["rows"]] == [32, 128]
+    for _n, _teachers, train, test, mean_gap, max_gap, bound, _ratio in gap["rows"]:
+        assert test == pytest.approx(train + mean_gap)
+        assert 0 < max_gap < bound
 
 
 def test_topk_errors_match_the_spec_precheck(record: dict) -> None:

@@ -58,9 +58,9 @@ THEORY = [
     _theory("OEH-T3.3-capacity", "Thm 3.3, Lemma C.1", "OutEffHop's capacity lower bound is at "
             "least the modern Hopfield model's.", "OutEffHop Thm 3.3 / Lemma C.1",
             "capacity bound"),
-    _missing("OEH-T3.4-generalization", "Thm 3.4", "The OutEffHop layer's generalization bound.",
-             "bound", "No experiment evaluates the bound (no experiment uses it, spec §8.8).",
-             "exact"),
+    _theory("OEH-T3.4-generalization", "Thm 3.4", "The OutEffHop layer's generalization gap is "
+            "below √(1/N)[√((E1+E2)³) + √log(1/δ)] (the Õ's hidden constants set to 1).",
+            "OutEffHop Thm 3.4", "the OutEffHop layer's generalization gap is below"),
     _missing("OEH-B1-example", "App. B.1", "Softmax_1(−10, −10, −10) ≈ 5·10⁻⁵ each, where softmax "
              "gives 1/3.", 5e-5, "Checked by the unit test tests/test_separation.py, not by an "
              "experiment.", "exact"),

@@ -21,7 +21,10 @@ ordering via Lambert W). Nonparametric Hopfield (Hu et al., ICML 2025): Theorem 
 error bound ``m(M+k-2)exp(-βΔ̃)`` for Top-K and target-forced random masks), Corollary 4.1.1
 (sparse ≤ dense), Top-K error grows with K, Lemma 4.1 (well-separation: ``T(S_µ) ⊆ S_µ``),
 Proposition 4.1 (capacity lower bound grows with d, falls with k), Corollary 4.1.3 (fixed-point
-convergence) and random masks that may drop the target failing.
+convergence) and random masks that may drop the target failing. The SVR framework of the
+nonparametric paper (Thm 3.1, Lemma 3.1, Thm 3.2, Def. 3.2) is checked in
+:mod:`~hopfield.experiments.theory_svr`, OutEffHop's Theorem 3.4 (generalization bound) in
+:mod:`~hopfield.experiments.theory_generalization`; both draw from their own generators.
 
 Top-K and random masks are :class:`hopfield.functional.efficient.TopK` and
 :class:`~hopfield.functional.efficient.RandomMask` (with ``force`` = the target, to condition on
@@ -72,6 +75,14 @@ class Config:
         boundary_points: points sampled on the boundary of ``S_µ`` per memory.
         prop_dims, prop_ks: the Proposition 4.1 grid (m=1, R=0.1, β=50, p=0.01 as the spec).
         convergence_betas, convergence_ks: Corollary 4.1.3 (iterate from ``x_0 ∈ S_µ``).
+        svr_dim, svr_sizes, svr_betas, svr_trials: the SVR rows (nonparametric §3,
+            :mod:`~hopfield.experiments.theory_svr`): pattern size, memory sizes M, β and memory
+            sets per grid point.
+        svr_rho: contamination and query distance ``‖δξ_µ‖ = ‖δ‖ = ρR``.
+        svr_retrieval: the retrieval error ``ϵ = svr_retrieval · R`` of Definition 3.2.
+        generalization_sizes, generalization_trials, generalization_steps: OutEffHop Theorem
+            3.4 (:mod:`~hopfield.experiments.theory_generalization`): training-set sizes N,
+            teachers per N and full-batch training steps.
         figure: draw the Top-K and capacity figure.
         threads: torch CPU threads during the run (1 avoids thread-pool overhead on these
             many small products; restored afterwards).
@@ -103,6 +114,15 @@ class Config:
     prop_ks: tuple[int, ...] = (2, 5, 10, 20, 50, 100)
     convergence_betas: tuple[float, ...] = (0.1, 0.2)
     convergence_ks: tuple[int, ...] = (2, 10, 20)
+    svr_dim: int = 64
+    svr_sizes: tuple[int, ...] = (20, 50, 100)
+    svr_betas: tuple[float, ...] = (0.05, 0.1, 0.2)
+    svr_trials: int = 4
+    svr_rho: float = 0.5
+    svr_retrieval: float = 0.25
+    generalization_sizes: tuple[int, ...] = (32, 128, 512)
+    generalization_trials: int = 3
+    generalization_steps: int = 300
     figure: bool = True
     threads: int = 1
     seed: int = 0
@@ -123,11 +143,23 @@ PRESETS = {
         boundary_points=8,
         prop_dims=(16, 64, 256),
         prop_ks=(2, 10, 100),
+        svr_sizes=(20, 50),
+        svr_trials=2,
+        generalization_sizes=(32, 128),
+        generalization_trials=2,
+        generalization_steps=150,
         figure=False,
     ),
     "small": Config(),
     "paper": Config(
-        trials=50, lipschitz_pairs=100_000, corollary_trials=10_000, boundary_points=50
+        trials=50,
+        lipschitz_pairs=100_000,
+        corollary_trials=10_000,
+        boundary_points=50,
+        svr_sizes=(20, 50, 100, 200),
+        svr_trials=10,
+        generalization_sizes=(32, 128, 512, 2048),
+        generalization_trials=5,
     ),
 }
 
@@ -1005,6 +1037,13 @@ def _run(config: Config, ctx: RunContext) -> Results:
     prop_checks, capacity_table = check_proposition_41(config)
     checks.extend(prop_checks)
     checks.extend(check_convergence_random(config, generator))
+    # Nonparametric §3 (SVR) and OutEffHop Thm 3.4: own generators, the rows above keep theirs.
+    from hopfield.experiments.theory_generalization import generalization_checks
+    from hopfield.experiments.theory_svr import svr_checks
+
+    svr, svr_table = svr_checks(config)
+    generalization, generalization_table = generalization_checks(config)
+    checks += svr + generalization
     table = Table(
         "Theory checks",
         COLUMNS,
@@ -1037,7 +1076,10 @@ def _run(config: Config, ctx: RunContext) -> Results:
     ]
     notes += [f"FAILED: {c.paper}: {c.statement} ({c.violations}/{c.trials})" for c in failed]
     return Results(
-        tables=[table, topk, capacity_table], metrics=metrics, figures=figures, notes=notes
+        tables=[table, topk, capacity_table, svr_table, generalization_table],
+        metrics=metrics,
+        figures=figures,
+        notes=notes,
     )
 
 
@@ -1047,7 +1089,7 @@ register(
         summary="numeric checks of the OutEffHop and nonparametric Hopfield theorems (pass/fail)",
         presets=PRESETS,
         run=run,
-        paper="OutEffHop Lemma 2.1, Thms 3.1-3.3, Cor. 3.2.1, Lemma C.6; Nonparametric Thm 4.1, "
-        "Cor. 4.1.1/4.1.3, Lemma 4.1, Prop. 4.1",
+        paper="OutEffHop Lemma 2.1, Thms 3.1-3.4, Cor. 3.2.1, Lemma C.6; Nonparametric Thms 3.1, "
+        "3.2, 4.1, Lemma 3.1, Def. 3.2, Cor. 4.1.1/4.1.3, Lemma 4.1, Prop. 4.1",
     )
 )
