@@ -130,6 +130,16 @@ def test_lemma_31_construction_is_the_dense_update() -> None:
     )
 
 
+def test_a_query_far_from_every_memory_gives_no_nan() -> None:
+    # β⟨x, ξ⟩ << -745 for every key: exp underflows, h(x) = 0; the log-space kernel stays finite.
+    keys, values = memories(9, 10, 4)
+    x = -1e3 * keys[:1]
+    memory = nonparametric_dense(keys, values, 1.0)
+    expected = torch.softmax(x @ keys.T, dim=-1) @ values
+    torch.testing.assert_close(memory(x), expected, rtol=1e-12, atol=1e-12)
+    assert bool(memory(x).isfinite().all())
+
+
 def test_a_fitted_normalised_exp_svr_approaches_the_dense_model_as_beta_grows() -> None:
     # The proof identifies (α_µ − α̃_µ)/h(ξ_µ + δξ_µ) with ξ_µ; a real fit gives P⁻¹Ξ (P the
     # softmax matrix of the keys), which tends to Ξ only as the keys separate (β‖ξ‖² large).

@@ -71,7 +71,11 @@ class ExponentialKernel:
 
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
         """``(N, d), (P, d) -> (N, P)``."""
-        return torch.exp(self.beta * linear_kernel(a, b))
+        return torch.exp(self.log(a, b))
+
+    def log(self, a: Tensor, b: Tensor) -> Tensor:
+        """``log K(a, b) = β⟨a, b⟩``: ``(N, d), (P, d) -> (N, P)``."""
+        return self.beta * linear_kernel(a, b)
 
     def __repr__(self) -> str:
         return f"ExponentialKernel(beta={self.beta:g})"
@@ -81,10 +85,12 @@ class NormalizedKernel:
     """``K̄(x, y) = K(x, y) / (h(x) h(y))`` with ``h(x) = Σ_{ν∈𝓜} K(a_ν, x)`` (nonparametric (D.4)).
 
     The feature map ``Φ(x)/h(x)`` of Lemma 3.1 (``mask = None``: every anchor) and Theorem 3.2
-    (``mask``: the support 𝓜).
+    (``mask``: the support 𝓜). Computed in log space (``log K - log h(x) - log h(y)``, with
+    ``log h`` a log-sum-exp), so a query far from every anchor gives finite values, not ``0/0``.
 
     Args:
-        kernel: the base kernel ``K`` (positive values, e.g. :class:`ExponentialKernel`).
+        kernel: the base kernel ``K`` (positive values; :class:`ExponentialKernel` uses its exact
+            logarithm ``β⟨x, y⟩``).
         anchors: the contaminated memories ``ξ_ν + δξ_ν``, ``(M, d)``.
         mask: boolean ``(M,)``, ``True`` for ``ν ∈ 𝓜`` (``None``: all).
     """
@@ -98,11 +104,21 @@ class NormalizedKernel:
 
     def h(self, x: Tensor) -> Tensor:
         """``h(x) = Σ_{ν∈𝓜} K(a_ν, x)``: ``(N, d) -> (N,)``."""
-        return self.kernel(x, self.anchors[self.mask]).sum(-1)
+        return torch.exp(self.log_h(x))
+
+    def log_h(self, x: Tensor) -> Tensor:
+        """``log h(x)``: ``(N, d) -> (N,)``."""
+        return torch.logsumexp(self._log_kernel(x, self.anchors[self.mask]), dim=-1)
 
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
         """``(N, d), (P, d) -> (N, P)``."""
-        return self.kernel(a, b) / (self.h(a)[:, None] * self.h(b)[None, :])
+        log = self._log_kernel(a, b) - self.log_h(a)[:, None] - self.log_h(b)[None, :]
+        return torch.exp(log)
+
+    def _log_kernel(self, a: Tensor, b: Tensor) -> Tensor:
+        if isinstance(self.kernel, ExponentialKernel):
+            return self.kernel.log(a, b)
+        return torch.log(self.kernel(a, b))
 
 
 def exponential_features(x: Tensor, beta: float, degree: int) -> Tensor:
