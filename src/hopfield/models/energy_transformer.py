@@ -12,8 +12,8 @@ the fixed step size 1: ``x ← x − ∇_g E(g)``. The attention energy carries 
 tokens together), unlike Hyper-SET's repulsive ``E_ATTN`` (spec §2.2).
 
 :class:`EnergyTransformerLayer` computes the gradient in closed form; its float64 agreement with
-autograd is tested. :class:`EnergyTransformerEncoder` applies the layer ``L`` times (the loop of
-:class:`~hopfield.nn.hyperset.SharedTransformerEncoder`), so the Hyper-SET task models take it as
+autograd is tested. :class:`EnergyTransformerEncoder` applies the layer ``L`` times (a
+:class:`~hopfield.nn.hyperset.WeightSharedEncoder`), so the Hyper-SET task models take it as
 their encoder: :func:`energy_image_classifier` (patch ``Linear`` without LayerNorms, as the paper's
 baselines; 908,939 parameters for CIFAR-10 Small) and :func:`energy_sudoku_model`.
 """
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from hopfield._validation import check_int, check_real
 from hopfield.models.hyperset import ImageClassifier, SudokuModel
-from hopfield.nn.hyperset import SharedTransformerEncoder
+from hopfield.nn.hyperset import WeightSharedEncoder
 
 __all__ = [
     "EnergyLayerNorm",
@@ -173,12 +173,11 @@ class EnergyTransformerLayer(nn.Module):
         )
 
 
-class EnergyTransformerEncoder(SharedTransformerEncoder):
+class EnergyTransformerEncoder(WeightSharedEncoder):
     """K :class:`EnergyTransformerLayer` s each applied ``L/K`` times (K = 1 in the paper).
 
-    It keeps the iteration loop and interface of
-    :class:`~hopfield.nn.hyperset.SharedTransformerEncoder` (``forward(x0, iterations,
-    return_states=...)``), only the layer differs, so the Hyper-SET task models accept it.
+    The iteration loop and interface (``forward(x0, iterations, return_states=...)``) are those
+    of :class:`~hopfield.nn.hyperset.WeightSharedEncoder`, so the Hyper-SET task models accept it.
 
     Args:
         d_model, num_heads, memory_ratio, step_size: as in :class:`EnergyTransformerLayer`.
@@ -200,12 +199,7 @@ class EnergyTransformerEncoder(SharedTransformerEncoder):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        nn.Module.__init__(self)  # the parent's layers are Transformer / CRATE layers
-        self.d_model = check_int("d_model", d_model)
-        self.iterations = check_int("iterations", iterations)
-        self.num_layers = check_int("num_layers", num_layers)
-        if iterations % num_layers:
-            raise ValueError(f"num_layers={num_layers} must divide iterations={iterations}")
+        super().__init__(d_model, iterations=iterations, num_layers=num_layers)
         self.kind = "et"
         self.init_std = None if init_std is None else check_real("init_std", init_std, low=0.0)
         self.layers = nn.ModuleList(

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.nn.hyperset import HyperSETEncoder, SharedTransformerEncoder
+from hopfield.nn.hyperset import HyperSETEncoder, SharedTransformerEncoder, WeightSharedEncoder
 from hopfield.nn.hyperset_energy import sinusoidal_positions, sinusoidal_positions_2d
 
-Encoder = HyperSETEncoder | SharedTransformerEncoder
+Encoder = HyperSETEncoder | WeightSharedEncoder
 ARCHITECTURES = ("hyperset", "transformer", "crate", "crate-t")
 
 __all__ = [
@@ -36,9 +36,10 @@ __all__ = [
 
 
 def _check_encoder(encoder: object) -> Encoder:
-    if not isinstance(encoder, HyperSETEncoder | SharedTransformerEncoder):
+    if not isinstance(encoder, HyperSETEncoder | WeightSharedEncoder):
         raise TypeError(
-            f"encoder must be a HyperSETEncoder or SharedTransformerEncoder, got "
+            f"encoder must be a HyperSETEncoder or a WeightSharedEncoder (e.g. "
+            f"SharedTransformerEncoder, EnergyTransformerEncoder), got "
             f"{type(encoder).__name__}"
         )
     return encoder

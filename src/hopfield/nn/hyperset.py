@@ -46,6 +46,7 @@ __all__ = [
     "SharedTransformerEncoder",
     "StepSizeNetwork",
     "TransformerLayer",
+    "WeightSharedEncoder",
     "count_parameters",
     "flops_per_iteration",
 ]
@@ -565,7 +566,43 @@ class TransformerLayer(nn.Module):
         return x + self.fc2(F.relu(self.fc1(self.norm2(x))))
 
 
-class SharedTransformerEncoder(nn.Module):
+class WeightSharedEncoder(nn.Module):
+    """K layers each applied ``L/K`` times: the iteration loop of the weight-shared baselines.
+
+    Subclasses build ``self.layers`` (an ``nn.ModuleList`` of K ``(B, N, d) -> (B, N, d)``
+    layers); the Hyper-SET task models (:mod:`hopfield.models.hyperset`) accept any of them.
+
+    Args:
+        d_model: token width d. iterations: L. num_layers: K (must divide L).
+    """
+
+    layers: nn.ModuleList
+
+    def __init__(self, d_model: int, *, iterations: int, num_layers: int) -> None:
+        super().__init__()
+        self.d_model = _positive_int("d_model", d_model)
+        self.iterations = _positive_int("iterations", iterations)
+        self.num_layers = _positive_int("num_layers", num_layers)
+        if iterations % num_layers:
+            raise ValueError(f"num_layers={num_layers} must divide iterations={iterations}")
+
+    def forward(
+        self, x0: Tensor, iterations: int | None = None, *, return_states: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """As :meth:`HyperSETEncoder.forward`."""
+        total = self.iterations if iterations is None else _positive_int("iterations", iterations)
+        if total % self.num_layers:
+            raise ValueError(f"num_layers={self.num_layers} must divide iterations={total}")
+        x, states = x0, []
+        for layer in self.layers:
+            for _ in range(total // self.num_layers):
+                x = layer(x)
+                if return_states:
+                    states.append(x)
+        return (x, states) if return_states else x
+
+
+class SharedTransformerEncoder(WeightSharedEncoder):
     """The weight-shared baseline: K :class:`TransformerLayer` s each applied ``L/K`` times.
 
     Args:
@@ -590,12 +627,7 @@ class SharedTransformerEncoder(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.iterations = _positive_int("iterations", iterations)
-        self.num_layers = _positive_int("num_layers", num_layers)
-        if iterations % num_layers:
-            raise ValueError(f"num_layers={num_layers} must divide iterations={iterations}")
+        super().__init__(d_model, iterations=iterations, num_layers=num_layers)
         self.kind = _choice("kind", kind, ("transformer", "crate", "crate-t"))
         self.init_std = init_std
 
@@ -619,21 +651,6 @@ class SharedTransformerEncoder(nn.Module):
                 for module in layer.modules():
                     if isinstance(module, nn.Linear):
                         nn.init.normal_(module.weight, std=self.init_std)
-
-    def forward(
-        self, x0: Tensor, iterations: int | None = None, *, return_states: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """As :meth:`HyperSETEncoder.forward`."""
-        total = self.iterations if iterations is None else _positive_int("iterations", iterations)
-        if total % self.num_layers:
-            raise ValueError(f"num_layers={self.num_layers} must divide iterations={total}")
-        x, states = x0, []
-        for layer in self.layers:
-            for _ in range(total // self.num_layers):
-                x = layer(x)
-                if return_states:
-                    states.append(x)
-        return (x, states) if return_states else x
 
 
 def flops_per_iteration(
