@@ -68,7 +68,7 @@ def test_run_counts_follow_the_presets() -> None:
     assert runs("outliers-bert") == 6
     assert runs("convergence") == 3 * 3 * 3  # datasets x models x seeds
     assert runs("stanhop-outliers") == 15 * 8 * 10  # settings x associations x seeds
-    assert runs("timeseries-hopfield") == 3 * 4 * 9 * 5
+    assert runs("timeseries-hopfield") == 5 * 4 * 9 * 5  # ETTh1, ETTm1, WTH, ECL, Traffic
     assert runs("mil-benchmark") == 4 * 8 * 5 * 10 * 50  # data x methods x seeds x folds x trials
     assert runs("mil-mnist-bags") == 7 * 9 * 10
     assert runs("hyperset-sudoku") == 4  # Hyper-SET, Transformer, two fixed step sizes
