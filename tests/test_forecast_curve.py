@@ -115,6 +115,7 @@ def test_a_cut_run_resumes_to_the_uninterrupted_curve(tmp_path: Path, cut: int) 
     _, resumed = _fit(tmp_path / "cut", MONITOR)
     assert resumed.resumed_from == cut
     assert resumed.curve == full.curve
+    assert not (tmp_path / "cut" / "run" / PENDING_CURVE).exists()  # in the log now
 
 
 def test_curve_points_group_by_step_and_skip_other_entries() -> None:

@@ -552,9 +552,13 @@ def _pending_curve(ctx: RunContext, folder: str) -> dict[str, float]:
 
 
 def _keep_pending_curve(ctx: RunContext, folder: str, points: dict[str, float]) -> None:
-    """Save ``points`` (not yet in the log) with the name of the run's newest checkpoint."""
+    """Save ``points`` (not yet in the log) with the name of the run's newest checkpoint; without
+    points, delete an earlier file (its points are in the log now)."""
     checkpoint = latest_checkpoint(ctx.path(folder))
-    if points and checkpoint is not None:
+    if not points:
+        if ctx.is_main_process:
+            ctx.path(f"{folder}/{PENDING_CURVE}").unlink(missing_ok=True)
+    elif checkpoint is not None:
         ctx.save_json(
             f"{folder}/{PENDING_CURVE}", {"checkpoint": checkpoint.name, "points": points}
         )
