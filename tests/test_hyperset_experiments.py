@@ -19,6 +19,14 @@ from hopfield.experiments.hyperset_images import augment
 from hopfield.experiments.hyperset_sudoku import _paper_at, blank_loss
 
 
+def _png(path: Path) -> bool:
+    """``path`` is a non-empty PNG file."""
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
 def _tables(path: Path) -> dict[str, dict]:
     record = json.loads(path.read_text())
     return {t["name"]: t for t in record["results"]["tables"]}, record
@@ -38,7 +46,10 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
         "Energy, effective rank, angle and step sizes along the iterations (Figs. 5-6)"
     ]
     assert len(trajectory["rows"]) == 4  # 2 L: extrapolated rows included
-    assert all((tmp_path / "hyperset-sudoku" / f).is_file() for f in record["results"]["figures"])
+    figures = record["results"]["figures"]
+    assert "sudoku_heads_rank_angle.png" in figures  # Figs. 9-10
+    assert all(_png(tmp_path / "hyperset-sudoku" / f) for f in figures)
+    assert len(runs_of(tmp_path, "hyperset-sudoku")["hyperset"]["analysis"][0]["erank_heads"]) == 2
     runs = json.loads((tmp_path / "hyperset-sudoku" / "runs.json").read_text())
     assert {r["processes"] for r in runs.values()} == {1}
     assert [e["epoch"] for e in runs["hyperset"]["epochs"]] == [1]  # the Fig. 3a curve
@@ -53,8 +64,14 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "hyperset-sudoku" / "runs.json").read_text()) == runs
 
 
+def runs_of(out: Path, name: str) -> dict:
+    """The ``runs.json`` of experiment ``name`` below ``out``."""
+    return json.loads((out / name / "runs.json").read_text())
+
+
 #: The tiny image preset with one model (Hyper-SET: 2 steps of 64 images).
-ONE_MODEL = {"models": '["hyperset"]', "ablations": "[]", "layer_splits": "[]", "lora_ranks": "[]"}
+ONE_MODEL = {"models": '["hyperset"]', "ablations": "[]", "layer_splits": "[]", "lora_ranks": "[]",
+             "contrast": "false"}  # fmt: skip
 
 
 def _images(out: Path, stop_after: int | None = None, **changes: str) -> tuple[dict, dict]:
@@ -95,6 +112,47 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
     et_row = next(row for row in main["rows"] if row[0] == "et")
     assert et_row[4:] == [0.91, 75.98, 52.50, 40.40] and 0.0 <= et_row[2] <= 100.0
     assert metrics["hyperset-scaleup-lora2_params"] > metrics["hyperset-scaleup_params"]
+    # App. F.3 (Figs. 13-14): the four models, appended after the others with their own seeds
+    contrast = tables[
+        "Subspace separation: Hyper-SET vs shared-QKV Transformers (App. F.3, Figs. 13-14)"
+    ]
+    models = ["hyperset", "hyperset+fixed-0.1", "shared-qkv", "shared-qkv-reversed"]
+    assert [row[0] for row in contrast["rows"]] == models
+    assert [row[-1] for row in contrast["rows"]] == ["rise", "rise", "rise", "fall"]
+    runs = runs_of(tmp_path, "hyperset-images")
+    assert list(runs)[-3:] == models[1:]
+    for name, row in zip(models, contrast["rows"], strict=True):
+        subspaces = runs[name]["subspaces"]
+        assert [r["t"] for r in subspaces] == [0, 1, 2]  # X_0 and L = 2 iterations
+        change = subspaces[-1]["erank"] - subspaces[0]["erank"]
+        assert row[5] == metrics[f"contrast_{name}_erank_change"] == pytest.approx(change)
+    per_head = tables["Effective rank and angle per subspace along the iterations (Figs. 13-14)"]
+    assert per_head["columns"][2:] == ["erank h0", "erank h1", "angle h0 °", "angle h1 °"]
+    assert len(per_head["rows"]) == 4 * 3
+    evolution = tables["Token evolution of one test image (Fig. 1)"]
+    assert [row[0] for row in evolution["rows"]] == [0, 1, 2]
+    figures = record["results"]["figures"]
+    assert figures == ["images_heads_rank_angle.png", "images_contrast_rank_angle.png",
+                       "images_token_evolution.png"]  # fmt: skip
+    assert all(_png(tmp_path / "hyperset-images" / f) for f in figures)
+    # the F.3 claims read the contrast metrics; one run is never more than inconclusive
+    from hopfield.claims.claim import judge
+    from hopfield.claims.hyperset import CLAIMS
+    from hopfield.claims.records import ExperimentRecord
+
+    loaded = ExperimentRecord.load(path.parent)
+    f13 = [c for c in CLAIMS if c.id.startswith("HS-F13-")]
+    assert [c.id for c in f13] == ["HS-F13-separation", "HS-F13-shared-qkv", "HS-F13-sign-reversed"]
+    for claim in f13:
+        assert claim.extract is not None
+        evidence = claim.extract(loaded)
+        assert judge(claim, evidence).verdict == "inconclusive"
+        if claim.id == "HS-F13-shared-qkv":
+            assert isinstance(evidence, list)
+            assert [c.ours[0] for c in evidence] == [
+                metrics["contrast_shared-qkv_erank_change"],
+                metrics["contrast_shared-qkv_angle_change"],
+            ]
 
 
 def test_images_on_an_imagenet100_folder(tmp_path: Path) -> None:
@@ -143,7 +201,8 @@ def test_paper_preset_parameter_counts() -> None:
 
     names = _model_names(PRESETS["paper"])
     assert {"et", "et-d1152", "transformer-d1152", "crate-d1152", "hyperset-d1536"} <= set(names)
-    assert names[-4:] == [f"hyperset-scaleup-lora{r}" for r in (4, 8, 16, 32)]
+    assert names[-7:-3] == [f"hyperset-scaleup-lora{r}" for r in (4, 8, 16, 32)]
+    assert names[-3:] == ["hyperset+fixed-0.1", "shared-qkv", "shared-qkv-reversed"]  # App. F.3
     assert _params("et") == 908_939
     assert (_params("hyperset-d1536"), _params("hyperset-d1536", 100)) == (14_268_394, 14_406_724)
     transformer = (_params("transformer-d1152"), _params("transformer-d1152", 100))

@@ -8,7 +8,9 @@ of models with the helpers of :mod:`hopfield.experiments.forecasting_common`: ea
 in ``out_dir/runs/<model>/``, whose checkpoints are resumed only for the same run, and its record
 in ``runs.json`` (what the report needs, the process count, the step limit) is reused instead of
 training again. :func:`trajectory_statistics` computes the Fig. 5/6 read-outs (energies,
-effective rank, average angle, step sizes) along the iterations of a Hyper-SET encoder.
+effective rank, average angle, step sizes, and per head for Figs. 9-12) along the iterations of
+a Hyper-SET encoder; :func:`subspace_trajectory` the per-head effective rank and angle of any
+encoder with subspace tokens (Hyper-SET, the shared-QKV Transformers of Figs. 13-14).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +29,7 @@ from hopfield.experiments.forecasting_common import EpochClock, reusable, save_r
 from hopfield.experiments.outliers_tasks import same_run
 from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext, Table
+from hopfield.models.shared_qkv import SharedQKVTransformerEncoder
 from hopfield.nn.hyperset import HyperSETEncoder
 from hopfield.nn.hyperset_energy import average_angle, effective_rank
 from hopfield.training import Trainer, steps_per_epoch
@@ -35,14 +38,19 @@ __all__ = [
     "cosine_lr",
     "device_of",
     "fraction_non_increasing",
+    "head_statistics",
     "linear_slope",
     "run_folder",
     "run_identity",
+    "subspace_trajectory",
     "threads_limited",
     "train_model",
     "train_or_reuse",
     "trajectory_statistics",
 ]
+
+#: Encoders whose ``layer_at(t, L).subspace_tokens(x)`` gives per-head tokens ``(B, H, N, p)``.
+SubspaceEncoder = HyperSETEncoder | SharedQKVTransformerEncoder
 
 
 @contextmanager
@@ -233,16 +241,37 @@ def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def _per_head(values: Tensor) -> list[float]:
+    """Means over samples of ``values`` ``(B, H)``, one per head."""
+    return [float(values[:, h].mean()) for h in range(values.shape[1])]
+
+
+@torch.no_grad()
+def head_statistics(z: Tensor) -> dict[str, Any]:
+    """Effective rank and average angle (paper Def. D.2, degrees) of subspace tokens ``z``
+    ``(B, H, N, p)``: per head (means over samples, ``"erank_heads"``, ``"angle_heads"``, H
+    floats each) and their means over samples and heads (``"erank"``, ``"angle"``)."""
+    erank = effective_rank(z)  # (B, H)
+    angle = average_angle(z)  # (B, H)
+    return {
+        "erank": float(erank.mean()),
+        "angle": float(angle.mean()),
+        "erank_heads": _per_head(erank),
+        "angle_heads": _per_head(angle),
+    }
+
+
 @torch.no_grad()
 def trajectory_statistics(
     encoder: HyperSETEncoder, x0: Tensor, iterations: int
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     """Per-iteration read-outs of a Hyper-SET run from ``x0`` ``(B, N, d)`` (spec §5).
 
     For each t = 1..iterations: mean and std over samples of ``E_ATTN`` and ``E_FF`` (state after
     the iteration, gain-free normalisation), the effective rank and the average angle (paper
-    definition, degrees) of the normalised tokens of head 0 and averaged over heads, the full rank
-    of head 0, and the mean and fraction negative of ``α_t`` and ``γ_t``.
+    definition, degrees) of the normalised tokens of head 0, averaged over heads and per head
+    (``"erank_heads"``, ``"angle_heads"``: H floats, Figs. 9-12), the full rank of head 0, and the
+    mean and fraction negative of ``α_t`` and ``γ_t``.
     """
     states, steps = encoder.trajectory(x0, iterations)
     rows = []
@@ -250,8 +279,7 @@ def trajectory_statistics(
         layer = encoder.layer_at(t, iterations)
         e_attn, e_ff = layer.energies(x)
         z = layer.subspace_tokens(x)  # (B, H, N, p)
-        erank = effective_rank(z)  # (B, H)
-        angle = average_angle(z)  # (B, H)
+        heads = head_statistics(z)
         full = torch.linalg.matrix_rank(z[:, 0].double()).double()
         rows.append(
             {
@@ -260,18 +288,35 @@ def trajectory_statistics(
                 "e_attn_std": float(e_attn.std()) if len(e_attn) > 1 else 0.0,
                 "e_ff": float(e_ff.mean()),
                 "e_ff_std": float(e_ff.std()) if len(e_ff) > 1 else 0.0,
-                "erank_head0": float(erank[:, 0].mean()),
-                "erank": float(erank.mean()),
+                "erank_head0": heads["erank_heads"][0],
+                "erank": heads["erank"],
                 "full_rank_head0": float(full.mean()),
-                "angle_head0": float(angle[:, 0].mean()),
-                "angle": float(angle.mean()),
+                "angle_head0": heads["angle_heads"][0],
+                "angle": heads["angle"],
                 "alpha_mean": float(alpha.mean()),
                 "alpha_negative": float((alpha < 0).double().mean()),
                 "gamma_mean": float(gamma.mean()),
                 "gamma_negative": float((gamma < 0).double().mean()),
+                "erank_heads": heads["erank_heads"],
+                "angle_heads": heads["angle_heads"],
             }
         )
     return rows
+
+
+@torch.no_grad()
+def subspace_trajectory(
+    encoder: SubspaceEncoder, x0: Tensor, iterations: int
+) -> list[dict[str, Any]]:
+    """:func:`head_statistics` of the subspace tokens of ``X_0`` (the embedding, ``t = 0``) and
+    of the states ``X_1..X_L`` of a run of ``iterations`` from ``x0`` ``(B, N, d)``; each state is
+    projected by the layer that produced it (``X_0`` by the first). Rows ``{"t", "erank",
+    "angle", "erank_heads", "angle_heads"}``."""
+    _, states = cast(tuple[Tensor, list[Tensor]], encoder(x0, iterations, return_states=True))
+    return [
+        {"t": t, **head_statistics(encoder.layer_at(max(t - 1, 0), iterations).subspace_tokens(x))}
+        for t, x in enumerate([x0, *states])
+    ]
 
 
 def fraction_non_increasing(values: Sequence[float]) -> float:

@@ -9,7 +9,12 @@ paper in the same layout: the alternative designs of Table 3, the layer–iterat
 Fig. 4 (K distinct layers × L/K iterations), depth-wise LoRA ranks (Table 4) and the scaled-up
 models of Table 20 (``<base>-d<width>``). The baselines beside the Transformer are CRATE, CRATE-T
 and the Energy Transformer (``"et"``, :mod:`hopfield.models.energy_transformer`). The Hyper-SET
-energy / effective-rank / angle trajectories on test images (Figs. 5-6, bottom) are reported too.
+energy / effective-rank / angle trajectories on test images (Figs. 5-6, bottom) are reported too,
+per head as figures (Figs. 11-12), with the token evolution of one test image (Fig. 1). With
+``contrast`` the App. F.3 comparison (Figs. 13-14) trains Hyper-SET, Hyper-SET with fixed step
+size 0.1, the shared-QKV Transformer and its sign-reversed variant
+(:mod:`hopfield.models.shared_qkv`) with the same recipe and tabulates the effective rank and
+angle of every subspace along the iterations.
 
 Data: scikit-learn digits (always present; 8×8, grid 4 → 2×2-pixel patches), MNIST (only its
 test split is in the shared data: ``split_test_for_train`` carves a train set out of it),
@@ -52,11 +57,17 @@ from hopfield.experiments.hyperset_common import (
     device_of,
     energy_trend_metrics,
     run_identity,
+    subspace_trajectory,
     threads_limited,
     train_model,
     train_or_reuse,
     trajectory_statistics,
     trajectory_table,
+)
+from hopfield.experiments.hyperset_figures import (
+    draw_head_figure,
+    draw_token_evolution,
+    token_evolution,
 )
 from hopfield.experiments.hyperset_sudoku import VARIANTS
 from hopfield.experiments.outliers_tasks import main_process_first
@@ -64,6 +75,7 @@ from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.models.energy_transformer import energy_image_classifier
 from hopfield.models.hyperset import ImageClassifier, image_classifier
+from hopfield.models.shared_qkv import SharedQKVTransformerEncoder, shared_qkv_image_classifier
 from hopfield.nn.hyperset import FEEDFORWARD_KINDS, HyperSETEncoder, count_parameters
 
 # Table 1 (top-1 %, 1 layer × 12 iterations): CIFAR-10, CIFAR-100, ImageNet-100; params (M).
@@ -143,6 +155,7 @@ class Config:
     ablations: tuple[str, ...] = ()  # Table 3 variants of the Scale-up model
     layer_splits: tuple[int, ...] = ()  # Fig. 4: K distinct layers (Scale-up and Transformer)
     lora_ranks: tuple[int, ...] = ()  # Table 4: depth-wise LoRA on the Scale-up model
+    contrast: bool = False  # App. F.3 (Figs. 13-14): the models of CONTRAST, appended
     analysis_size: int = 256
     eval_batch_size: int = 1000
     threads: int = 1
@@ -154,7 +167,7 @@ PRESETS = {
         scaleup_num_heads=2, iterations=2, time_frequency=16, epochs=1, batch_size=64,
         warmup_epochs=1, crop_padding=1, flip=True, ablations=("fixed-0.1",),
         layer_splits=(2,), lora_ranks=(2,), analysis_size=16, eval_batch_size=360,
-        models=("hyperset", "hyperset-scaleup", "transformer", "crate", "et"),
+        models=("hyperset", "hyperset-scaleup", "transformer", "crate", "et"), contrast=True,
     ),
     "small": Config(
         dataset="digits", grid=4, d_model=64, num_heads=4, scaleup_d_model=96,
@@ -162,11 +175,12 @@ PRESETS = {
         warmup_epochs=2, crop_padding=1, flip=False,
         ablations=("attention-sigmoid", "fixed-0.1"),
         layer_splits=(2,), lora_ranks=(4,), analysis_size=360, eval_batch_size=360,
+        contrast=True,
     ),
     "paper": Config(
         models=("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t", "et",
                 "transformer-d1152", "crate-d1152", "et-d1152", "hyperset-d1536"),
-        lora_ranks=(4, 8, 16, 32), threads=0,
+        lora_ranks=(4, 8, 16, 32), contrast=True, threads=0,
     ),
 }  # fmt: skip
 
@@ -175,7 +189,11 @@ PRESETS = {
 STAND_IN_COUNTS = {"train": 1024, "test": 256}
 
 #: Config fields that only say which models to train (or how many threads): not part of a run.
-LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "threads")
+LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threads")
+
+#: App. F.3 (Figs. 13-14): Hyper-SET, with fixed step size 0.1, the shared-QKV Transformer and
+#: that Transformer with the attention update's sign reversed, trained with the same recipe.
+CONTRAST = ("hyperset", "hyperset+fixed-0.1", "shared-qkv", "shared-qkv-reversed")
 
 
 #: ImageNet-100 (:mod:`hopfield.data.imagenet100`): side of the cached images, the usual
@@ -345,7 +363,16 @@ def _loss(config: Config) -> Callable[[nn.Module, tuple[Tensor, Tensor]], Tensor
 
 
 #: Base models of :func:`build`.
-BASES = ("hyperset", "hyperset-scaleup", "transformer", "crate", "crate-t", "et")
+BASES = (
+    "hyperset",
+    "hyperset-scaleup",
+    "transformer",
+    "crate",
+    "crate-t",
+    "et",
+    "shared-qkv",
+    "shared-qkv-reversed",
+)
 
 
 def _parse(name: str) -> tuple[str, dict[str, Any]]:
@@ -406,6 +433,7 @@ def check_config(config: Config) -> None:
     if uneven:
         raise ConfigError(f"layer_splits {uneven} must divide iterations ({config.iterations})")
     check_int_items("lora_ranks", config.lora_ranks, minimum=0, allow_empty=True)
+    check_choice("contrast", config.contrast, (False, True))
     if not _model_names(config):
         raise ConfigError("models, ablations, layer_splits and lora_ranks name no model")
     known = f"{', '.join(BASES)}, with +<variant>, -layers<K>, -lora<r> or -d<width>"
@@ -422,7 +450,8 @@ def build(
     config: Config, name: str, image_size: int, channels: int, num_classes: int = 10
 ) -> ImageClassifier:
     """Model ``name``: ``hyperset``, ``hyperset-scaleup``, ``transformer``, ``crate``, ``crate-t``,
-    ``et`` (Energy Transformer), ``hyperset-scaleup+<v>`` (a Table 3 variant),
+    ``et`` (Energy Transformer), ``shared-qkv`` / ``shared-qkv-reversed`` (App. F.3),
+    ``<base>+<v>`` (a Table 3 variant, e.g. ``hyperset-scaleup+fixed-0.1``),
     ``<base>-layers<K>`` (Fig. 4), ``hyperset-scaleup-lora<r>`` (Table 4) or ``<base>-d<width>``
     (Table 20: width ``d``, :data:`WIDE_HEADS` heads and, for Hyper-SET, the time-embedding
     frequency ``F = d``, which the paper's 14.3 M parameters imply)."""
@@ -442,6 +471,9 @@ def build(
     }
     if base == "et":
         return energy_image_classifier(**common, **options)
+    if base.startswith("shared-qkv"):
+        reverse = base == "shared-qkv-reversed"
+        return shared_qkv_image_classifier(**common, reverse_attention=reverse, **options)
     if base in ("transformer", "crate", "crate-t"):
         return image_classifier(base, **common, **options)
     options.setdefault("feedforward", config.feedforward)
@@ -475,6 +507,8 @@ def _model_names(config: Config) -> list[str]:
     for k in config.layer_splits:
         names += [f"hyperset-scaleup-layers{k}", f"transformer-layers{k}"]
     names += [f"hyperset-scaleup-lora{r}" for r in config.lora_ranks]
+    if config.contrast:
+        names += [name for name in CONTRAST if name not in names]
     return names
 
 
@@ -490,6 +524,13 @@ def _run(config: Config, ctx: RunContext) -> Results:
     )
     analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
+    if config.contrast:
+        tables, metrics, notes = _contrast(results)
+        report.tables.extend(tables)
+        report.metrics.update(metrics)
+        report.notes.extend(notes)
+    report.tables.extend(_token_table(results))
+    report.figures.extend(_figures(ctx, config, results))
     if data.source.startswith("STAND-IN"):
         report.notes.insert(0, data.source)
     return report
@@ -499,7 +540,8 @@ def _train(
     config: Config, ctx: RunContext, data: _Images, index: int, name: str, identity: Any
 ) -> dict[str, Any]:
     """Train model ``name`` (the ``index``-th) and test it: its record for ``runs.json`` (with
-    the Figs. 5-6 trajectories for ``"hyperset"``)."""
+    the Figs. 5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the
+    per-subspace trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
     _, channels, size, _ = data.x_train.shape
     torch.manual_seed(config.seed * 1000 + index)
     model = build(config, name, size, channels, data.num_classes)
@@ -516,12 +558,128 @@ def _train(
         "accuracy": accuracy(model, data.x_test, data.y_test, config.eval_batch_size),
         **trained,
     }
+    if name not in CONTRAST:  # "hyperset" is one of them
+        return record
+    with torch.no_grad():
+        x0 = model.embed(data.x_test[: config.analysis_size].to(device_of(model)))
+    encoder = model.encoder
+    assert isinstance(encoder, HyperSETEncoder | SharedQKVTransformerEncoder)
+    record["subspaces"] = subspace_trajectory(encoder, x0, config.iterations)
     if name == "hyperset":
-        assert isinstance(model.encoder, HyperSETEncoder)
-        with torch.no_grad():
-            x0 = model.embed(data.x_test[: config.analysis_size].to(device_of(model)))
-        record["analysis"] = trajectory_statistics(model.encoder, x0, config.iterations)
+        assert isinstance(encoder, HyperSETEncoder)
+        record["analysis"] = trajectory_statistics(encoder, x0, config.iterations)
+        record["token_evolution"] = token_evolution(encoder, x0[:1], config.iterations)
     return record
+
+
+#: Figs. 13-14: how the per-subspace effective rank and angle evolve for each contrast model.
+PAPER_CONTRAST = {
+    "hyperset": "rise",
+    "hyperset+fixed-0.1": "rise",
+    "shared-qkv": "rise",
+    "shared-qkv-reversed": "fall",
+}
+
+
+def _rising(rows: list[dict[str, Any]], key: str) -> str:
+    """``"k/H"``: the heads whose ``key`` per head is higher at ``X_L`` than at ``X_0``."""
+    first, last = rows[0][key], rows[-1][key]
+    return f"{sum(b > a for a, b in zip(first, last, strict=True))}/{len(first)}"
+
+
+def _contrast(
+    results: dict[str, dict[str, Any]],
+) -> tuple[list[Table], dict[str, float], list[str]]:
+    """App. F.3 (Figs. 13-14): a summary table (change from ``X_0`` to ``X_L`` of the effective
+    rank and angle, mean over heads, and how many heads rise), the per-subspace trajectories,
+    the changes as metrics ``contrast_<model>_{erank,angle}_change``, and a note naming
+    contrast records without subspace statistics (written by older code)."""
+    names = [n for n in CONTRAST if "subspaces" in results.get(n, {})]
+    summary, per_head, metrics = [], [], {}
+    for name in names:
+        rows = results[name]["subspaces"]
+        changes = {key: rows[-1][key] - rows[0][key] for key in ("erank", "angle")}
+        metrics.update({f"contrast_{name}_{k}_change": v for k, v in changes.items()})
+        summary.append([
+            name, results[name]["params"], results[name]["accuracy"],
+            rows[0]["erank"], rows[-1]["erank"], changes["erank"], _rising(rows, "erank_heads"),
+            rows[0]["angle"], rows[-1]["angle"], changes["angle"], _rising(rows, "angle_heads"),
+            PAPER_CONTRAST[name],
+        ])  # fmt: skip
+        per_head += [[name, r["t"], *r["erank_heads"], *r["angle_heads"]] for r in rows]
+    missing = [n for n in CONTRAST if n in results and n not in names]
+    notes = [
+        f"App. F.3 contrast: the records of {', '.join(missing)} predate the subspace statistics "
+        "(remove them from runs.json to retrain)."
+    ] if missing else []  # fmt: skip
+    if not names:
+        return [], metrics, notes
+    heads = len(results[names[0]]["subspaces"][0]["erank_heads"])
+    tables = [
+        Table(
+            "Subspace separation: Hyper-SET vs shared-QKV Transformers (App. F.3, Figs. 13-14)",
+            ["model", "params", "top-1 % (ours)", "erank t=0", "erank t=L", "Δ erank",
+             "heads erank ↑", "angle t=0 °", "angle t=L °", "Δ angle °", "heads angle ↑",
+             "paper: rank and angle"],
+            summary,
+            "Effective rank and average angle (Def. D.2) of the gain-free RMS-normalised "
+            "subspace tokens of the test images, means over images and heads; t = 0 is the "
+            "embedding X_0. Subspace tokens: Hyper-SET's normalised projections W_hᵀx, the "
+            "shared-QKV Transformers' attention inputs W_hᵀLN(x). Same recipe for all four; "
+            "shared-qkv-reversed updates x ← x − attn(LN(x)). Paper: CIFAR-10 validation set.",
+        ),
+        Table(
+            "Effective rank and angle per subspace along the iterations (Figs. 13-14)",
+            ["model", "t", *[f"erank h{h}" for h in range(heads)],
+             *[f"angle h{h} °" for h in range(heads)]],
+            per_head,
+            "Means over the test images of each head's effective rank and average angle.",
+        ),
+    ]  # fmt: skip
+    return tables, metrics, notes
+
+
+def _token_table(results: dict[str, dict[str, Any]]) -> list[Table]:
+    """Fig. 1 in numbers: per t the angle of one image's subspace tokens and their alignment
+    with the feed-forward anchors (none without a token evolution in the record)."""
+    evolution = results.get("hyperset", {}).get("token_evolution")
+    if evolution is None:
+        return []
+    rows = [[t, angle, align] for t, (angle, align) in
+            enumerate(zip(evolution["angle"], evolution["alignment"], strict=True))]  # fmt: skip
+    return [
+        Table(
+            "Token evolution of one test image (Fig. 1)",
+            ["t", f"angle head {evolution['head']} °", "mean max cos to anchors"],
+            rows,
+            "Small Hyper-SET, first test image: average angle (Def. D.2) of the tokens "
+            "projected onto one subspace, and the mean over tokens of the largest cosine "
+            "between x_i and a feed-forward direction d_m (the anchors); t = 0 is X_0.",
+        )
+    ]
+
+
+def _figures(ctx: RunContext, config: Config, results: dict[str, dict[str, Any]]) -> list[str]:
+    """Figs. 11-12 (per-head rank and angle of Hyper-SET), Figs. 13-14 (the contrast) and
+    Fig. 1 (token evolution), each where the records hold its data."""
+    figures = []
+    hyperset = results.get("hyperset", {})
+    analysis = hyperset.get("analysis", [])
+    if analysis and "erank_heads" in analysis[0]:
+        figures.append(draw_head_figure(
+            ctx, "images_heads_rank_angle.png",
+            [(f"Hyper-SET, {config.dataset} test images (Figs. 11-12)", analysis)],
+        ))  # fmt: skip
+    columns = [(name, results[name]["subspaces"]) for name in CONTRAST
+               if config.contrast and "subspaces" in results.get(name, {})]  # fmt: skip
+    if columns:
+        figures.append(draw_head_figure(ctx, "images_contrast_rank_angle.png", columns))
+    if "token_evolution" in hyperset:
+        what = f"Small Hyper-SET, first {config.dataset} test image"
+        figures.append(draw_token_evolution(
+            ctx, "images_token_evolution.png", hyperset["token_evolution"], what
+        ))  # fmt: skip
+    return figures
 
 
 def _row(results: dict[str, dict[str, Any]], name: str) -> list[Any]:

@@ -6,8 +6,9 @@ gradient clipping 1.0, with the cross-entropy on the blank cells only. Reported:
 (a puzzle counts when every blank is right) and cell accuracy at the training iteration count L
 and at 1.25…2 L (test-time extrapolation, Fig. 3b), accuracy after every iteration t (the
 trajectory printed beside the energies), the energy / effective-rank / angle / step-size
-trajectories (Figs. 5-6), test board accuracy per epoch (Fig. 3a), and ablations in the layout of
-Table 3 (fixed step sizes, sigmoid / linear attention, softmax / gated feedforward). The
+trajectories (Figs. 5-6; per head as a figure, Figs. 9-10), test board accuracy per epoch
+(Fig. 3a), and ablations in the layout of Table 3 (fixed step sizes, sigmoid / linear attention,
+softmax / gated feedforward). The
 Energy Transformer (``"et"``) and CRATE (``"crate"``), which "both fail" in Fig. 3a, train with
 the same recipe when listed in ``models``.
 
@@ -49,6 +50,7 @@ from hopfield.experiments.hyperset_common import (
     trajectory_statistics,
     trajectory_table,
 )
+from hopfield.experiments.hyperset_figures import draw_head_figure
 from hopfield.experiments.outliers_tasks import main_process_first
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
@@ -577,6 +579,10 @@ def _figures(
         fig.tight_layout()
         ctx.save_figure(fig, "sudoku_energy_rank_angle.png", dpi=120)
         names.append("sudoku_energy_rank_angle.png")
+    if analysis and "erank_heads" in analysis[0]:  # records of older code have no head lists
+        title = f"Hyper-SET, Sudoku test puzzles (Figs. 9-10; t > {L} extrapolated)"
+        columns = [(title, analysis)]
+        names.append(draw_head_figure(ctx, "sudoku_heads_rank_angle.png", columns, mark=L))
     return names
 
 
