@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from hopfield.functional import Entmax, Softmax, Sparsemax, associate
+from hopfield.functional import Entmax, Softmax, SoftmaxN, Sparsemax, associate
 from hopfield.functional.efficient import RandomMask, TopK, Window, floyd_sample
 from hopfield.nn import Hopfield
 
@@ -614,3 +614,62 @@ def test_random_mask_recomputed_gradients_equal_explicit(separation, causal) -> 
 
     small = patterns(b=1, h=1, length=8, size=8, e=3, ev=2)
     assert torch.autograd.gradcheck(f, small)
+
+
+def _random_mask_both_paths(monkeypatch, separation, mask, causal, grad_probe=True):
+    """The masked-kernel path and the gathered path of one ``RandomMask`` call (single query block,
+    so both draw the same subsets), in float64: outputs and gradients of a random probe."""
+    import hopfield.functional.efficient as efficient
+
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    results = []
+    for elements in (efficient._MASKED_KERNEL_ELEMENTS, 0):
+        monkeypatch.setattr(efficient, "_MASKED_KERNEL_ELEMENTS", elements)
+        structure = RandomMask(4, seed=2).eval()
+        out, _ = structure(
+            q, k, v, separation=separation, scale=0.7, mask=mask, causal=causal, dropout=0.0,
+            return_weights=False,
+        )  # fmt: skip
+        probe = torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)
+        grads = torch.autograd.grad((out * probe).sum(), (q, k, v))
+        results.append((out, grads))
+    return results
+
+
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0)])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_random_mask_masked_kernel_equals_gathered_path(monkeypatch, separation, mask_kind, causal):
+    mask = None
+    if mask_kind == "padding":  # batch item 1 sees no key at all: zero rows, finite gradients
+        mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
+        mask[1] = False
+    elif mask_kind == "additive":
+        mask = torch.linspace(-1.5, 0.5, 12, dtype=D).view(1, 1, 1, 12)
+    (fast, fast_grads), (gathered, gathered_grads) = _random_mask_both_paths(
+        monkeypatch, separation, mask, causal
+    )
+    torch.testing.assert_close(fast, gathered, rtol=1e-10, atol=1e-12)
+    for a, b in zip(fast_grads, gathered_grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    if mask_kind == "padding":
+        assert (fast[1] == 0).all()
+
+
+def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
+    from hopfield.functional.efficient import _masked_kernel_applies
+
+    def applies(size: int, separation=None, grad: bool = False, **kw) -> bool:
+        q = torch.zeros(1, 2, 8, 4, requires_grad=grad)
+        k = torch.zeros(1, 2, size, 4)
+        return _masked_kernel_applies(
+            q, k, k, separation or Softmax(), 1.0, kw.get("mask"), kw.get("dropout", 0.0),
+            kw.get("return_weights", False), min(64, size),
+        )  # fmt: skip
+
+    assert applies(512) and not applies(1024)  # without gradients: S <= 8 k
+    assert applies(2048, grad=True) and not applies(4096, grad=True)  # with: S <= 32 k
+    assert not applies(512, Sparsemax())  # only the fused kernels' Softmax_n family
+    assert not applies(512, dropout=0.1) and not applies(512, return_weights=True)
+    assert not applies(512, mask=torch.zeros(1, 1, 1, 512, requires_grad=True))
