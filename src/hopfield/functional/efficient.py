@@ -52,6 +52,13 @@ def additive_bias(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return mask.to(dtype)
 
 
+def _grads_needed(*tensors: Tensor | float | None) -> bool:
+    """Whether autograd records an operation on any of ``tensors`` (numbers and ``None`` skipped)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in tensors
+    )
+
+
 def _as_4d(t: Tensor) -> Tensor:
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
 
@@ -263,10 +270,7 @@ class _GatheredStructure(Structure):
         scores_per_query = size if slots * _DENSE_SCORES_FROM >= size else slots * dim
         per_query = max(scores_per_query, slots + extra_per_query)
         block = self._block_length(batch * heads, per_query, length)
-        tensors = [q, k, scale, bias]
-        needs_grad = torch.is_grad_enabled() and any(
-            isinstance(t, Tensor) and t.requires_grad for t in tensors
-        )
+        needs_grad = _grads_needed(q, k, scale, bias)
         outs: list[Tensor] = []
         weights: list[Tensor] = []
         for start in range(0, length, block):
@@ -354,8 +358,7 @@ def _recompute_applies(
     """Whether Top-K takes the recomputing path: gradients are needed, no dropout, no weights,
     a mask and a separation without gradients of their own."""
     return (
-        torch.is_grad_enabled()
-        and any(isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, scale))
+        _grads_needed(q, k, v, scale)
         and dropout == 0.0
         and not return_weights
         and (mask is None or not mask.requires_grad)
@@ -779,15 +782,12 @@ def _masked_kernel_applies(
     and a size where the ``L × S`` mask is the cheaper way."""
     batch, heads, length, _ = q.shape
     size = k.shape[-2]
-    grads = torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, scale)
-    )
     return (
         isinstance(separation, SoftmaxN)
         and dropout == 0.0
         and not return_weights
         and (mask is None or not mask.requires_grad)
-        and size <= _MASKED_KERNEL_RATIO[grads] * upper
+        and size <= _MASKED_KERNEL_RATIO[_grads_needed(q, k, v, scale)] * upper
         and batch * heads * length * size <= _MASKED_KERNEL_ELEMENTS
     )
 
