@@ -129,6 +129,15 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
     per_head = tables["Effective rank and angle per subspace along the iterations (Figs. 13-14)"]
     assert per_head["columns"][2:] == ["erank h0", "erank h1", "angle h0 °", "angle h1 °"]
     assert len(per_head["rows"]) == 4 * 3
+    # the appended runs have their own seeds: without the other models they are the same runs
+    alone = {**ONE_MODEL, "contrast": "true"}
+    again = run_experiment("hyperset-images", "tiny", tmp_path / "alone", progress=False,
+                           overrides=alone)  # fmt: skip
+    alone_metrics = json.loads(again.read_text())["results"]["metrics"]
+    assert [n for n in runs_of(tmp_path / "alone", "hyperset-images")] == models
+    contrast_keys = [k for k in metrics if k.startswith("contrast_")]
+    assert len(contrast_keys) == 8
+    assert {k: alone_metrics[k] for k in contrast_keys} == {k: metrics[k] for k in contrast_keys}
     evolution = tables["Token evolution of one test image (Fig. 1)"]
     assert [row[0] for row in evolution["rows"]] == [0, 1, 2]
     figures = record["results"]["figures"]

@@ -176,7 +176,13 @@ def test_token_evolution_of_one_sample() -> None:
 def test_contrast_models_are_appended_once_and_the_field_is_checked() -> None:
     from dataclasses import replace
 
-    from hopfield.experiments.hyperset_images import CONTRAST, PRESETS, _model_names, check_config
+    from hopfield.experiments.hyperset_images import (
+        CONTRAST,
+        PRESETS,
+        _model_names,
+        _seed_index,
+        check_config,
+    )
     from hopfield.experiments.registry import ConfigError
 
     small = PRESETS["small"]
@@ -187,5 +193,11 @@ def test_contrast_models_are_appended_once_and_the_field_is_checked() -> None:
                                    "shared-qkv-reversed"]  # fmt: skip
     alone = replace(small, models=("transformer",), ablations=(), layer_splits=(), lora_ranks=())
     assert _model_names(alone) == ["transformer", *CONTRAST]
+    names = _model_names(small)
+    seeds = [_seed_index(small, index, name) for index, name in enumerate(names)]
+    assert seeds == [*range(len(without)), 1001, 1002, 1003]
+    assert [_seed_index(alone, i, n) for i, n in enumerate(_model_names(alone))] == [
+        0, 1000, 1001, 1002, 1003
+    ]  # fmt: skip
     with pytest.raises(ConfigError, match="contrast"):
         check_config(replace(small, contrast="yes"))  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -194,6 +194,9 @@ LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threa
 #: App. F.3 (Figs. 13-14): Hyper-SET, with fixed step size 0.1, the shared-QKV Transformer and
 #: that Transformer with the attention update's sign reversed, trained with the same recipe.
 CONTRAST = ("hyperset", "hyperset+fixed-0.1", "shared-qkv", "shared-qkv-reversed")
+#: The seed index of a model ``contrast`` appends is ``CONTRAST_SEED`` plus its place in
+#: :data:`CONTRAST`, so the contrast runs are the same whichever other models a run lists.
+CONTRAST_SEED = 1000
 
 
 #: ImageNet-100 (:mod:`hopfield.data.imagenet100`): side of the cached images, the usual
@@ -512,16 +515,27 @@ def _model_names(config: Config) -> list[str]:
     return names
 
 
+def _seed_index(config: Config, index: int, name: str) -> int:
+    """What seeds model ``name``, the ``index``-th of :func:`_model_names`: its position, or for
+    a model appended by ``contrast`` :data:`CONTRAST_SEED` plus its place in :data:`CONTRAST`."""
+    if index < len(_model_names(replace(config, contrast=False))):
+        return index
+    return CONTRAST_SEED + CONTRAST.index(name)
+
+
 def _run(config: Config, ctx: RunContext) -> Results:
     data = _data(config, ctx)
     results = train_or_reuse(
         ctx,
         _model_names(config),
         lambda index, name: run_identity(
-            config, LOOPS, ctx, model=name, index=index, data=data.source
+            config, LOOPS, ctx, model=name, index=_seed_index(config, index, name),
+            data=data.source,
         ),
-        partial(_train, config, ctx, data),
-    )
+        lambda index, name, identity: _train(
+            config, ctx, data, _seed_index(config, index, name), name, identity
+        ),
+    )  # fmt: skip
     analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
     if config.contrast:
@@ -539,7 +553,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
 def _train(
     config: Config, ctx: RunContext, data: _Images, index: int, name: str, identity: Any
 ) -> dict[str, Any]:
-    """Train model ``name`` (the ``index``-th) and test it: its record for ``runs.json`` (with
+    """Train model ``name`` (seeded by ``index``) and test it: its record for ``runs.json`` (with
     the Figs. 5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the
     per-subspace trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
     _, channels, size, _ = data.x_train.shape
