@@ -30,6 +30,8 @@ ONE_MODEL = {"models": '["hyperset"]', "ablations": "[]", "layer_splits": "[]", 
 SMOKE: dict[str, dict[str, str]] = {
     "hyperset-images": {
         "models": '["hyperset"]',
+        "contrast": "false",  # the F.3 contrast would append its own three runs
+        "lora_ranks": "[]",
         "test_size": "32",
         "analysis_size": "8",
         "eval_batch_size": "32",
@@ -70,11 +72,12 @@ def two_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 def test_tiny_images_follow_one_process(
     two_processes: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """Every model of the tiny preset (Hyper-SET, Scale-up, Transformer, CRATE, an ablation, two
-    layers, LoRA) trained by 2 processes gives the 1-process numbers."""
+    """Every model of the tiny preset (Hyper-SET, Scale-up, Transformer, CRATE, the Energy
+    Transformer, an ablation, two layers, LoRA and the F.3 contrast's three extra models) trained
+    by 2 processes gives the 1-process numbers."""
     out, record = two_processes
     runs = _runs(out, NAME)
-    assert len(runs) == 8
+    assert len(runs) == 12
     assert all((r["processes"], r["finished"], r["steps"]) == (2, True, 2) for r in runs.values())
     single = run_experiment(NAME, "tiny", tmp_path / "one", progress=False, overrides=PLAIN)
     expected = json.loads(single.read_text())["results"]["metrics"]

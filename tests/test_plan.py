@@ -71,7 +71,7 @@ def test_run_counts_follow_the_presets() -> None:
     assert runs("timeseries-hopfield") == 5 * 4 * 9 * 5  # ETTh1, ETTm1, WTH, ECL, Traffic
     assert runs("mil-benchmark") == 4 * 8 * 5 * 10 * 50  # data x methods x seeds x folds x trials
     assert runs("mil-mnist-bags") == 7 * 9 * 10
-    assert runs("hyperset-sudoku") == 4  # Hyper-SET, Transformer, two fixed step sizes
+    assert runs("hyperset-sudoku") == 6  # Hyper-SET, Transformer, ET, CRATE, two fixed step sizes
     # outlier-formation, upper bound: 16 + 11 search points, 6 variants x 3 seeds
     assert runs("outlier-formation") == 16 + 11 + 18
 
@@ -283,14 +283,16 @@ def test_bad_arguments() -> None:
 
 def test_plan_of_a_paper_preset() -> None:
     result = plan("hyperset-images", "paper", mfu=0.4, data_dir="/nonexistent")
-    assert result.trains and result.runs == 3
-    assert all(j.parameters_match for j in result.jobs)
+    assert result.trains and result.runs == 17  # Table 1, Table 20, LoRA ranks, F.3 contrast
+    stated = [j for j in result.jobs if j.paper_parameters is not None]
+    assert {j.name for j in stated} >= {"hyperset", "transformer", "et", "hyperset-d1536"}
+    assert all(j.parameters_match for j in stated)
     assert result.flops_total == pytest.approx(sum(j.flops_total for j in result.jobs))
     hours = result.gpu_hours()
     assert hours["A100"] == pytest.approx(result.flops_total / (312e12 * 0.4) / 3600)
     assert all(status == "absent" for _, status, _ in result.data)  # CIFAR-10 files
     text = render_markdown([result])
-    assert "hyperset-scaleup" in text and "0.96M ✓" in text
+    assert "hyperset-scaleup" in text and "0.96M ✓" in text and "0.91M ✓" in text
     json.dumps(plan_to_dict(result))
 
 

@@ -748,6 +748,9 @@ HYPERSET_IMAGE_COUNTS: dict[tuple[str, str], tuple[int, str]] = {
     ("cifar10", "transformer"): (1_794_826, "1.79M"),
     ("cifar10", "crate"): (468_106, "0.47M"),
     ("cifar10", "crate-t"): (320_266, "0.32M"),
+    ("cifar10", "et"): (908_939, "0.91M"),
+    ("cifar10", "hyperset-d1536"): (14_268_394, "14.3M"),
+    ("cifar100", "hyperset-d1536"): (14_406_724, "14.4M"),
     ("cifar100", "hyperset-scaleup"): (1_656_708, "1.66M"),
     ("cifar100", "transformer"): (1_829_476, "1.83M"),
 }
