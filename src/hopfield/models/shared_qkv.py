@@ -9,8 +9,8 @@ and with the same model with the attention update's sign reversed, "similar to t
     x ← x + a          (reverse_attention=False)   or   x ← x − a   (reverse_attention=True)
     x ← x + ReLU(LN₂(x) W₁ᵀ) W₂ᵀ                   # MLP of width mlp_ratio·d, no biases
 
-:class:`SharedQKVTransformerEncoder` applies K layers, each ``L/K`` times, with the loop of
-:class:`~hopfield.nn.hyperset.SharedTransformerEncoder`, so the Hyper-SET task models take it;
+:class:`SharedQKVTransformerEncoder` applies K layers, each ``L/K`` times (a
+:class:`~hopfield.nn.hyperset.WeightSharedEncoder`), so the Hyper-SET task models take it;
 :meth:`SharedQKVTransformerLayer.subspace_tokens` gives the per-head tokens the attention sees
 (gain-free RMS-normalised, as Hyper-SET's), for the effective rank and angle of Figs. 13-14.
 """
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from hopfield._validation import check_bool, check_int, check_real
 from hopfield.models.hyperset import ImageClassifier
-from hopfield.nn.hyperset import SharedTransformerEncoder
+from hopfield.nn.hyperset import WeightSharedEncoder
 from hopfield.nn.hyperset_energy import merge_heads, split_heads
 
 __all__ = [
@@ -117,12 +117,11 @@ class SharedQKVTransformerLayer(nn.Module):
         )
 
 
-class SharedQKVTransformerEncoder(SharedTransformerEncoder):
+class SharedQKVTransformerEncoder(WeightSharedEncoder):
     """K :class:`SharedQKVTransformerLayer` s each applied ``L/K`` times (K = 1 in the paper).
 
-    It keeps the iteration loop and interface of
-    :class:`~hopfield.nn.hyperset.SharedTransformerEncoder` (``forward(x0, iterations,
-    return_states=...)``), so the Hyper-SET task models accept it.
+    The iteration loop and interface (``forward(x0, iterations, return_states=...)``) are those
+    of :class:`~hopfield.nn.hyperset.WeightSharedEncoder`, so the Hyper-SET task models accept it.
 
     Args:
         d_model, num_heads, mlp_ratio, reverse_attention: as in :class:`SharedQKVTransformerLayer`.
@@ -141,14 +140,8 @@ class SharedQKVTransformerEncoder(SharedTransformerEncoder):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        nn.Module.__init__(self)  # the parent's layers are Transformer / CRATE layers
-        self.d_model = check_int("d_model", d_model)
-        self.iterations = check_int("iterations", iterations)
-        self.num_layers = check_int("num_layers", num_layers)
-        if iterations % num_layers:
-            raise ValueError(f"num_layers={num_layers} must divide iterations={iterations}")
+        super().__init__(d_model, iterations=iterations, num_layers=num_layers)
         self.kind = "shared-qkv-reversed" if reverse_attention else "shared-qkv"
-        self.init_std = None
         self.layers = nn.ModuleList(
             SharedQKVTransformerLayer(
                 d_model, num_heads, mlp_ratio, reverse_attention=reverse_attention,
