@@ -269,8 +269,62 @@ def test_mim_toy_pipeline(tmp_path: Path) -> None:
     path = run_experiment("hyperset-mim", "tiny", tmp_path, progress=False)
     _, record = _tables(path)
     assert 0.0 <= record["results"]["metrics"]["hyperset_masked_accuracy"] <= 100.0
+    assert record["results"]["figures"] == ["mim_reconstructions.png"]
+    assert _png(path.parent / "mim_reconstructions.png")
+    _check_mim_figure(path.parent, tmp_path / "tokens")
     with pytest.raises(DataNotFoundError, match="VQGAN"):
         run_experiment("hyperset-mim", "paper", tmp_path, progress=False)
+
+
+def _check_mim_figure(folder: Path, scratch: Path) -> None:
+    """The figure's rows of a tiny hyperset-mim run in ``folder``: the recorded one-shot
+    reconstructions differ from the true codes only where the evaluation masks, and the masked
+    input is greyed exactly there."""
+    from hopfield.experiments.hyperset_mim import (
+        FIGURE_IMAGES,
+        MASK_GREY,
+        PRESETS,
+        _tokens,
+        evaluation_mask,
+        figure_images,
+        figure_rows,
+    )
+    from hopfield.experiments.results import RunContext
+
+    config = PRESETS["tiny"]
+    tokens = _tokens(config, RunContext(scratch, progress=False))
+    runs = json.loads((folder / "runs.json").read_text())
+    shown = figure_images(config, len(tokens.test))
+    assert len(shown) == FIGURE_IMAGES and len(set(shown.tolist())) == FIGURE_IMAGES
+    mask = evaluation_mask(config, tokens.test)[shown]
+    assert mask.sum(dim=1).tolist() == [round(0.4 * 16)] * FIGURE_IMAGES
+    truth = tokens.test[shown]
+    for name in config.models:
+        codes = torch.tensor(runs[name]["figure"]["codes"])
+        assert torch.equal(codes[~mask], truth[~mask])
+    rows = figure_rows(config, tokens, runs)
+    assert list(rows) == ["original", "tokenized", "masked input", *config.models]
+    greyed = (rows["masked input"] == MASK_GREY).reshape(FIGURE_IMAGES, 4, 2, 4, 2)
+    patch_grey = greyed.all(dim=4).all(dim=2).flatten(1)
+    assert torch.equal(patch_grey, mask)  # no tokenized patch of this run is all MASK_GREY
+    rows.pop("original")
+    assert all(images.shape == rows["tokenized"].shape for images in rows.values())
+    del runs["hyperset"]["figure"]  # a record from before the figure: no row, no failure
+    assert "hyperset" not in figure_rows(config, tokens, runs)
+
+
+def test_grey_masked_greys_exactly_the_masked_patches() -> None:
+    from hopfield.experiments.hyperset_mim import MASK_GREY, grey_masked
+
+    images = torch.rand(2, 3, 4, 4) * 0.4
+    mask = torch.tensor([[True, False, False, True], [False, False, False, False]])
+    out = grey_masked(images, mask, 2)
+    expected = torch.zeros(2, 1, 4, 4, dtype=torch.bool)
+    expected[0, 0, :2, :2] = expected[0, 0, 2:, 2:] = True
+    assert torch.equal(out == MASK_GREY, expected.expand(-1, 3, -1, -1))
+    assert torch.equal(
+        out[~expected.expand(-1, 3, -1, -1)], images[~expected.expand(-1, 3, -1, -1)]
+    )
 
 
 def test_trajectory_table_and_energy_trends() -> None:

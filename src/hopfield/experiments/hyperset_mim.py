@@ -7,12 +7,13 @@ patches → a 4×4 code map), masking ratios drawn from U[0, 0.4] with the mask 
 masked tokens only, and AdamW (0.9, 0.95), weight decay 0.1, gradient clipping 3.0 (Table 13).
 It compares the weight-shared Transformer (MLP 4d), Hyper-SET (M = d, the MIM step-size network
 without time MLP, conditioned on X_0) and Hyper-SET with 2× iterations and M = 8d, by masked-token
-accuracy and PSNR of one-shot reconstructions at 40 % masking.
+accuracy and PSNR of one-shot reconstructions at 40 % masking, and draws the toy analogue of
+Fig. 8 (``mim_reconstructions.png``): a few test images, their tokenized and masked versions and
+each model's one-shot reconstruction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -215,16 +216,69 @@ STAND_IN_IMAGES = (1024, 8)
 LOOPS = ("models", "threads")
 
 
+#: Test images in the reconstruction figure (the toy analogue of Fig. 8).
+FIGURE_IMAGES = 6
+
+#: Grey level of a masked patch in the figure (images are in [0, 1]).
+MASK_GREY = 0.5
+
+
+@dataclass
+class _Pixels:
+    """The test images ``(n, C, H, W)`` in [0, 1] and the tokenizer's ``centroids`` ``(K, C·p²)``
+    on a ``grid × grid`` patch grid, which decode codes back to images."""
+
+    images: Tensor
+    centroids: Tensor
+    grid: int
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """Images ``(B, C, H, W)`` of codes ``(B, grid²)``."""
+        _, channels, size, _ = self.images.shape
+        return decode(codes, self.centroids, self.grid, channels, size)
+
+
 @dataclass
 class _Tokens:
-    """Code sequences ``(n, grid²)`` to train and test on; ``reconstruct(codes) -> (PSNR vs
-    the images, PSNR vs the tokenized images)`` where images exist (``None`` for stand-ins)."""
+    """Code sequences ``(n, grid²)`` to train and test on, and the test images they come from
+    (``pixels``; ``None`` for stand-in codes)."""
 
     train: Tensor
     test: Tensor
-    reconstruct: Callable[[Tensor], tuple[float, float]] | None
+    pixels: _Pixels | None
     notes: list[str]
     metrics: dict[str, float]
+
+
+def _scores(tokens: _Tokens, codes: Tensor) -> tuple[float | None, float | None]:
+    """PSNR of the test codes ``codes`` ``(n, grid²)`` decoded, vs the images and vs the
+    tokenized images (``None`` without images)."""
+    if tokens.pixels is None:
+        return None, None
+    recon = tokens.pixels.decode(codes)
+    return psnr(recon, tokens.pixels.images), psnr(recon, tokens.pixels.decode(tokens.test))
+
+
+def evaluation_mask(config: Config, codes: Tensor) -> Tensor:
+    """The fixed test mask ``(n, S)`` of test codes ``(n, S)``: ``round(eval_mask_ratio·S)``
+    positions per row from a generator seeded ``seed + 1`` (the global RNG is not used)."""
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    return fixed_mask((codes.shape[0], codes.shape[1]), config.eval_mask_ratio, generator)
+
+
+def figure_images(config: Config, count: int) -> Tensor:
+    """Sorted indices ``(min(FIGURE_IMAGES, count),)`` of the test images in the figure, from a
+    generator of their own (seeded ``seed + 2``), so the global RNG is not used."""
+    generator = torch.Generator().manual_seed(config.seed + 2)
+    return torch.randperm(count, generator=generator)[:FIGURE_IMAGES].sort().values
+
+
+def grey_masked(images: Tensor, mask: Tensor, grid: int) -> Tensor:
+    """``images`` ``(B, C, H, W)`` with the patches where ``mask`` ``(B, grid²)`` is true set to
+    :data:`MASK_GREY` (the masked input of the figure)."""
+    p = images.shape[-1] // grid
+    pixels = mask.reshape(-1, 1, grid, grid).repeat_interleave(p, 2).repeat_interleave(p, 3)
+    return torch.where(pixels, MASK_GREY, images)
 
 
 def _stand_in_tokens(config: Config, missing: DataNotFoundError) -> _Tokens:
@@ -252,7 +306,6 @@ def _tokens(config: Config, ctx: RunContext) -> _Tokens:
         raise missing
     x_train, _ = load_image_dataset(config.dataset, "train", ctx.data_dir)
     x_test, _ = load_image_dataset(config.dataset, "test", ctx.data_dir)
-    _, channels, size, _ = x_train.shape
     patches = patchify(x_train, config.grid)
     centroids = kmeans(
         patches.reshape(-1, patches.shape[-1]),
@@ -261,18 +314,13 @@ def _tokens(config: Config, ctx: RunContext) -> _Tokens:
         torch.Generator().manual_seed(config.seed),
     )
     test_codes = tokenize(x_test, centroids, config.grid)
-    tokenized = decode(test_codes, centroids, config.grid, channels, size)
-
-    def reconstruct(codes: Tensor) -> tuple[float, float]:
-        recon = decode(codes, centroids, config.grid, channels, size)
-        return psnr(recon, x_test), psnr(recon, tokenized)
-
-    tokenizer_psnr = psnr(tokenized, x_test)
+    pixels = _Pixels(x_test, centroids, config.grid)
+    tokenizer_psnr = psnr(pixels.decode(test_codes), x_test)
     note = f"Tokenizer-only PSNR (decode of the true codes): {tokenizer_psnr:.2f} dB."
     return _Tokens(
         tokenize(x_train, centroids, config.grid),
         test_codes,
-        reconstruct,
+        pixels,
         [note],
         {"tokenizer_psnr": tokenizer_psnr},
     )
@@ -280,7 +328,7 @@ def _tokens(config: Config, ctx: RunContext) -> _Tokens:
 
 def _run(config: Config, ctx: RunContext) -> Results:
     tokens = _tokens(config, ctx)
-    source = config.dataset if tokens.reconstruct is not None else "stand-in codes"
+    source = config.dataset if tokens.pixels is not None else "stand-in codes"
     results = train_or_reuse(
         ctx,
         config.models,
@@ -321,7 +369,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
         "model, masking and loss; its numbers are not comparable with the paper's.",
         *tokens.notes,
     ]
-    return Results(tables=[table], metrics=metrics, notes=notes)
+    figures = _figure(config, ctx, tokens, results)
+    return Results(tables=[table], metrics=metrics, figures=figures, notes=notes)
 
 
 def _train(
@@ -338,22 +387,84 @@ def _train(
         weight_decay=config.weight_decay, grad_clip=config.grad_clip, identity=identity,
     )  # fmt: skip
     test = tokens.test
-    eval_mask = fixed_mask(
-        (test.shape[0], test.shape[1]),
-        config.eval_mask_ratio,
-        torch.Generator().manual_seed(config.seed + 1),
-    )
+    eval_mask = evaluation_mask(config, test)
     with torch.no_grad():
         inputs = torch.where(eval_mask, model.mask_id, test).to(device_of(model))
         predicted = torch.where(eval_mask, model(inputs).cpu().argmax(-1), test)
-    scores = tokens.reconstruct(predicted) if tokens.reconstruct else (None, None)
+    scores = _scores(tokens, predicted)
+    shown = figure_images(config, len(test))
     return {
         "params": count_parameters(model),
         "accuracy": 100.0 * float((predicted == test)[eval_mask].float().mean()),
         "psnr": scores[0],
         "psnr_tokenized": scores[1],
+        "figure": {"images": shown.tolist(), "codes": predicted[shown].tolist()},
         **trained,
     }
+
+
+def figure_rows(
+    config: Config, tokens: _Tokens, results: dict[str, dict[str, Any]]
+) -> dict[str, Tensor]:
+    """The rows of the reconstruction figure, each images ``(B, C, H, W)`` of the test images
+    :func:`figure_images`: ``"original"``, ``"tokenized"`` (decoded true codes), ``"masked
+    input"`` (the tokenized image with the patches of :func:`evaluation_mask` greyed) and one
+    row per model whose record holds its one-shot reconstruction of those images (records made
+    before the figure existed hold none). Empty for stand-in codes."""
+    if tokens.pixels is None:
+        return {}
+    shown = figure_images(config, len(tokens.test))
+    codes = tokens.test[shown]
+    tokenized = tokens.pixels.decode(codes)
+    rows = {
+        "original": tokens.pixels.images[shown],
+        "tokenized": tokenized,
+        "masked input": grey_masked(
+            tokenized, evaluation_mask(config, tokens.test)[shown], config.grid
+        ),
+    }
+    for name, record in results.items():
+        figure = record.get("figure")
+        if figure is not None and figure["images"] == shown.tolist():
+            rows[name] = tokens.pixels.decode(torch.tensor(figure["codes"]))
+    return rows
+
+
+def _figure(
+    config: Config, ctx: RunContext, tokens: _Tokens, results: dict[str, dict[str, Any]]
+) -> list[str]:
+    """Draw ``mim_reconstructions.png`` (the rows of :func:`figure_rows` as an image grid, one
+    column per test image); the file names (none for stand-in codes or when no record holds a
+    reconstruction)."""
+    rows = figure_rows(config, tokens, results)
+    if not any(name in rows for name in results):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = len(rows["original"])
+    fig, axes = plt.subplots(
+        len(rows), columns, figsize=(1.2 * columns + 1.4, 1.2 * len(rows) + 0.9), squeeze=False
+    )
+    for line, (label, images) in enumerate(rows.items()):
+        for column, image in enumerate(images):
+            ax = axes[line][column]
+            ax.imshow(
+                image.permute(1, 2, 0).squeeze(-1).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[line][0].set_ylabel(label, fontsize=7)
+    fig.suptitle(
+        f"Toy analogue of Hyper-SET Fig. 8 (NOT the paper's ImageNet 256×256 setting):\n"
+        f"{config.dataset}, k-means codes ({config.codebook_size}) on a {config.grid}×{config.grid} "
+        f"patch grid, {round(100 * config.eval_mask_ratio)} % masked, one-shot prediction",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    return [ctx.save_figure(fig, "mim_reconstructions.png", dpi=120)]
 
 
 register(
