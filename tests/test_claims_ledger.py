@@ -323,3 +323,49 @@ def test_the_ledger_renders_as_a_docs_section(synthetic: dict[str, Any], tmp_pat
     doc = "x\n<!-- generated: claims/ledger -->\nold\n<!-- /generated -->\n"
     filled = render_doc_blocks(doc, tmp_path)
     assert filled == f"x\n<!-- generated: claims/ledger -->\n\n{section}\n\n<!-- /generated -->\n"
+
+
+def stanhop_curve_runs(gaps: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """stanhop-outliers runs.json on ETTh1/24, one run per (model, seed): each counterpart's
+    curve has max |x| 3 + seed/10 at decoder.0 (the figure's layer at E = 2) over three steps,
+    its OutEffHop variant's that plus ``gaps[variant][seed]``; decoder.1 moves the other way (a
+    wrong layer would flip the verdict). A synthetic run and a run without a curve are ignored."""
+
+    def curve(level: float) -> list[dict[str, Any]]:
+        return [{"step": s, "max_abs": {"decoder.0": level + 0.01 * s, "decoder.1": 9 - level}}
+                for s in (1, 2, 3)]  # fmt: skip
+
+    runs: dict[str, dict[str, Any]] = {}
+    for old, new in (("dense", "outeffhop"), ("clipped", "clipped_outeffhop"),
+                     ("gated", "gated_outeffhop")):  # fmt: skip
+        for seed, gap in enumerate(gaps[new]):
+            runs[f"ETTh1|24|{old}|{seed}"] = {"curve": curve(3 + seed / 10)}
+            runs[f"ETTh1|24|{new}|{seed}"] = {"curve": curve(3 + seed / 10 + gap)}
+        runs[f"synthetic|8|{new}|0"] = {"curve": curve(100.0)}
+    runs["ETTh1|48|outeffhop|0"] = {"max_inf_norm": 1.0}  # recorded before curves were kept
+    return runs
+
+
+def test_the_figure_2d_claim_pairs_training_curves_per_setting_and_seed(tmp_path: Path) -> None:
+    def verdict(name: str, gaps: dict[str, list[float]]) -> dict[str, Any]:
+        write_record(tmp_path / name, "stanhop-outliers",
+                     side={"runs.json": stanhop_curve_runs(gaps)})  # fmt: skip
+        path = tmp_path / name / "stanhop-outliers" / "results.json"
+        record = json.loads(path.read_text())
+        record["config"] = {"e_layers": 2}
+        path.write_text(json.dumps(record))
+        return {r["id"]: r for r in evaluate(tmp_path / name)}["OEH-F2d-stanhop"]
+
+    lower = [-0.30, -0.25, -0.35, -0.28]
+    one = verdict("one", {"outeffhop": lower[:1], "clipped_outeffhop": lower[:1],
+                          "gated_outeffhop": lower[:1]})  # fmt: skip
+    assert one["verdict"] == "inconclusive" and one["seeds"] == 1
+    holds = verdict("holds", dict.fromkeys(("outeffhop", "clipped_outeffhop", "gated_outeffhop"),
+                                           lower))  # fmt: skip
+    assert holds["verdict"] == "holds" and holds["seeds"] == 4
+    assert [c["rival"] for c in holds["comparisons"]] == ["dense", "clipped", "gated"]
+    assert holds["ours"] == pytest.approx(3.02 + 0.15 + sum(lower) / 4)
+    higher = [0.20, 0.30, 0.25, 0.22]
+    fails = verdict("fails", {"outeffhop": lower, "clipped_outeffhop": higher,
+                              "gated_outeffhop": lower})  # fmt: skip
+    assert fails["verdict"] == "does not hold" and fails["rival"] == "clipped"

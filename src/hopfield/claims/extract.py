@@ -32,6 +32,7 @@ __all__ = [
     "retrieval",
     "retrieval_drop",
     "stanhop",
+    "stanhop_curves",
     "theory_check",
     "timeseries",
 ]
@@ -387,6 +388,23 @@ def formation_variants(
 # ------------------------------------------------------------------------------- STanHop-Net
 
 
+def _stanhop_samples(
+    runs: dict[str, Any],
+    name: str,
+    value: Callable[[dict[str, Any]], float],
+    settings: Sequence[tuple[str, int]] = (),
+) -> Samples:
+    """``value`` of each finished ``stanhop-outliers`` run of model ``name`` on the real
+    datasets (restricted to ``settings`` if given), keyed ``"<dataset>/<horizon> seed <s>"``."""
+    out = {}
+    for key, run in runs.items():
+        dataset, horizon, which, seed = key.split("|")
+        chosen = not settings or (dataset, int(horizon)) in settings
+        if which == name and dataset != "synthetic" and chosen and run.get("finished", True):
+            out[f"{dataset}/{horizon} seed {seed}"] = value(run)
+    return out
+
+
 def stanhop(
     model: str, rivals: Sequence[str], metric: str, *, settings: Sequence[tuple[str, int]] = ()
 ) -> Extractor:
@@ -399,22 +417,40 @@ def stanhop(
             return float(run["w8a8_mse"]) - float(run["mse"])
         return float(run[metric])
 
-    def samples(runs: dict[str, Any], name: str) -> Samples:
-        out = {}
-        for key, run in runs.items():
-            dataset, horizon, which, seed = key.split("|")
-            chosen = not settings or (dataset, int(horizon)) in settings
-            if which == name and dataset != "synthetic" and chosen and run.get("finished", True):
-                out[f"{dataset}/{horizon} seed {seed}"] = value(run)
-        return out
-
     def read(record: ExperimentRecord) -> list[Comparison]:
         runs = record.side("runs.json")
-        ours = samples(runs, model)
+        ours = _stanhop_samples(runs, model, value, settings)
         if not ours:
             wanted = ", ".join(f"{d}/{h}" for d, h in settings) or "the real datasets"
             raise NotTested(f"stanhop-outliers at {record.preset} has no {model} runs on {wanted}")
-        return [pair(r, ours, samples(runs, r), model) for r in rivals]
+        return [pair(r, ours, _stanhop_samples(runs, r, value, settings), model) for r in rivals]
+
+    return empirical(read)
+
+
+def stanhop_curves(pairs: Sequence[tuple[str, str]]) -> Extractor:
+    """Figure 2(d): per pair ``(counterpart, OutEffHop variant)`` of ``stanhop-outliers``
+    models, the variant against its counterpart on the mean over a run's training curve of
+    ``max |x|`` at the figure's decoder layer
+    (:func:`~hopfield.experiments.stanhop_outliers.figure_layer` of the record's ``e_layers``),
+    paired over (dataset, horizon, seed) on the real datasets. Runs without a curve (recorded
+    before curves were kept) are left out."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        from hopfield.experiments.stanhop_outliers import figure_layer
+
+        if "e_layers" not in record.config:
+            raise NotTested(f"stanhop-outliers at {record.preset} records no e_layers")
+        layer = f"decoder.{figure_layer(int(record.config['e_layers']))}"
+        runs = {key: run for key, run in record.side("runs.json").items() if run.get("curve")}
+
+        def curve_mean(run: dict[str, Any]) -> float:
+            return statistics.fmean(float(point["max_abs"][layer]) for point in run["curve"])
+
+        def samples(name: str) -> Samples:
+            return _stanhop_samples(runs, name, curve_mean)
+
+        return [pair(old, samples(new), samples(old), new) for old, new in pairs]
 
     return empirical(read)
 

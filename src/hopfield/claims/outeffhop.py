@@ -1,7 +1,7 @@
 """The checkable claims of OutEffHop (Hu et al., ICML 2024), with the experiment testing each.
 
 Sources: the paper (ICML version; Table 1, Table 2, Figs. 5-7, Lemma 2.1, Thms 3.1-3.4,
-Cor. 3.2.1, Lemma C.6, App. B.1) and the specification's claim list (spec §7.7).
+Fig. 2(d), Cor. 3.2.1, Lemma C.6, App. B.1) and the specification's claim list (spec §7.7).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hopfield.claims.extract import (
     retrieval,
     retrieval_drop,
     stanhop,
+    stanhop_curves,
     stanhop_params,
     theory_check,
 )
@@ -238,6 +239,17 @@ STANHOP = [
           "test MSE, change in %",
           "equal", "empirical", "stanhop-outliers", stanhop("outeffhop", ["dense"], "mse"),
           min_effect=5.0, relative=True),
+    Claim("OEH-F2d-stanhop", PAPER, "Fig. 2(d)",
+          "STanHop-Net: during training, OutEffHop keeps the maximum infinity norm of decoder "
+          "layer 9 lower than its counterpart (Hopfield, Clipped Softmax, Gated Attention).",
+          "curves only", "mean over the training curve of max |x|", "lower", "empirical",
+          "stanhop-outliers",
+          stanhop_curves([("dense", "outeffhop"), ("clipped", "clipped_outeffhop"),
+                          ("gated", "gated_outeffhop")]),
+          note="Each run's curve in runs.json (max |x| on the training batches at up to 10 "
+          "steps per epoch) is averaged over its steps at the figure's decoder layer (index "
+          "E − 2, 0 below three layers) and paired with the counterpart's run of the same "
+          "setting and seed."),
 ]  # fmt: skip
 
 UNTESTED = [
