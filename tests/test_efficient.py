@@ -673,3 +673,33 @@ def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
     assert not applies(512, Sparsemax())  # only the fused kernels' Softmax_n family
     assert not applies(512, dropout=0.1) and not applies(512, return_weights=True)
     assert not applies(512, mask=torch.zeros(1, 1, 1, 512, requires_grad=True))
+
+
+def test_random_mask_masked_kernel_samples_by_query_block(monkeypatch) -> None:
+    """With a small block budget the masked kernel draws its subsets block by block: every query
+    still keeps exactly k allowed keys, and the output is the explicit association on them."""
+    from hopfield.functional import structures
+
+    captured: list[Tensor] = []
+    original = structures.Dense.forward
+
+    def spy(self, q, k, v, **kw):
+        captured.append(kw["mask"])
+        return original(self, q, k, v, **kw)
+
+    monkeypatch.setattr(structures.Dense, "forward", spy)
+    q, k, v = patterns(b=2, h=2, length=13, size=12, e=4, ev=4)
+    padding = torch.ones(2, 1, 1, 12, dtype=torch.bool)
+    padding[0, ..., 9:] = False
+    structure = RandomMask(3, seed=5, max_block_elements=2 * 2 * 12 * 4).eval()  # 4 rows a block
+    out, _ = structure(
+        q, k, v, separation=Softmax(), scale=0.7, mask=padding, causal=True, dropout=0.0,
+        return_weights=False,
+    )  # fmt: skip
+    (kernel_mask,) = captured
+    kept = torch.isfinite(kernel_mask)
+    visible = (padding & causal_allowed(13, 12)).expand_as(kept)
+    assert not (kept & ~visible).any()
+    assert torch.equal(kept.sum(-1), visible.sum(-1).clamp(max=3))
+    ref, _ = reference(q, k, v, Softmax(), 0.7, kept)
+    assert_same(out, ref, (q, k, v))

@@ -950,35 +950,43 @@ class RandomMask(_GatheredStructure):
         mask: Tensor | None,
         causal: bool,
     ) -> Tensor:
-        """The association ``(B, H, L, Ev)`` as the fused dense kernel with a boolean mask of the
-        sampled subsets (:class:`~hopfield.functional.structures.Dense`), for sizes where the
+        """The association ``(B, H, L, Ev)`` as the fused dense kernel with an additive mask of
+        the sampled subsets (:class:`~hopfield.functional.structures.Dense`), for sizes where the
         ``L × S`` mask costs less than gathering ``k`` keys and values per query. The subsets
-        come from the same sampler, in one draw over all queries (the gathered path draws per
-        query block, so with several blocks the two paths see different random subsets); given
-        the subsets, both give the same weights up to rounding."""
+        are drawn by the same sampler, per block of queries whose support search holds at most
+        ``max_block_elements`` entries (the gathered path's blocks also budget its gathered
+        keys, so with several blocks the two paths may see different random subsets); given the
+        subsets, both give the same weights up to rounding."""
         batch, heads, length, _ = q.shape
         size = k.shape[-2]
         bias = additive_bias(mask, q.dtype)
+        block = self._block_length(batch * heads, size, length)
         with torch.no_grad():
-            idx, keep, _ = self._support(
-                q.detach(),
-                k.detach(),
-                scale=scale.detach() if isinstance(scale, Tensor) else scale,
-                bias=bias,
-                causal=causal,
-                start=0,
-                length=length,
-            )
             # The kernel's additive mask, built directly: 0 on the subsets, -inf elsewhere.
             kernel_mask = torch.full(
                 (batch, heads, length, size), -math.inf, dtype=q.dtype, device=q.device
             )
-            if keep is None:
-                kernel_mask.scatter_(-1, idx, 0.0)
-            else:  # unused slots repeat some index: the largest value wins, not the last write
-                zero = torch.zeros((), dtype=q.dtype, device=q.device)
-                flags = torch.where(keep, zero, torch.full_like(zero, -math.inf))
-                kernel_mask.scatter_reduce_(-1, idx, flags, reduce="amax")
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)
+            for start in range(0, length, block):
+                stop = min(start + block, length)
+                piece_scale = _rows(scale, start, stop, length)
+                piece_bias = None if bias is None else _rows(bias, start, stop, length)
+                assert not isinstance(piece_bias, float)
+                idx, keep, _ = self._support(
+                    q[:, :, start:stop].detach(),
+                    k.detach(),
+                    scale=piece_scale.detach() if isinstance(piece_scale, Tensor) else piece_scale,
+                    bias=piece_bias,
+                    causal=causal,
+                    start=start,
+                    length=length,
+                )
+                rows = kernel_mask[:, :, start:stop]
+                if keep is None:
+                    rows.scatter_(-1, idx, 0.0)
+                else:  # unused slots repeat some index: the largest value wins, not the last write
+                    flags = torch.where(keep, zero, torch.full_like(zero, -math.inf))
+                    rows.scatter_reduce_(-1, idx, flags, reduce="amax")
             # The subsets lie among the allowed keys; a float mask still adds its finite values.
             if mask is not None and mask.dtype != torch.bool:
                 kernel_mask += mask.to(q.dtype)
