@@ -668,11 +668,12 @@ def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
             kw.get("return_weights", False), min(64, size),
         )  # fmt: skip
 
-    assert applies(512) and not applies(1024)  # without gradients: S <= 8 k
-    assert applies(2048, grad=True) and not applies(4096, grad=True)  # with: S <= 32 k
-    assert not applies(512, Sparsemax())  # only the fused kernels' Softmax_n family
-    assert not applies(512, dropout=0.1) and not applies(512, return_weights=True)
-    assert not applies(512, mask=torch.zeros(1, 1, 1, 512, requires_grad=True))
+    assert applies(2048, grad=True) and not applies(4096, grad=True)  # S <= 32 k
+    assert not applies(512)  # without gradients the gathered path serves
+    assert not applies(512, Sparsemax(), grad=True)  # only the fused kernels' Softmax_n family
+    assert not applies(512, grad=True, dropout=0.1)
+    assert not applies(512, grad=True, return_weights=True)
+    assert not applies(512, grad=True, mask=torch.zeros(1, 1, 1, 512, requires_grad=True))
 
 
 def test_random_mask_masked_kernel_samples_by_query_block(monkeypatch) -> None:

@@ -756,13 +756,15 @@ def _index_sampler_applies(upper: int, size: int, causal: bool) -> bool:
     return 2 * upper <= size and (not causal or upper * upper <= 4 * size)
 
 
-# Random masks take the fused dense kernel with an additive mask of the sampled subsets when
-# ``S <= ratio · k`` and the mask has at most ``_MASKED_KERNEL_ELEMENTS`` entries (128 MiB in
-# float32). Measured on the 2-core CPU (k = 64, E = 64, B1 H8, ratio to plain SDPA): with
-# gradients the masked kernel costs 1.6 x at S = 1k and 1.5 x at 2k against 4.3 x and 2.1 x for
-# the gathered path, which wins from 4k; without gradients the gathered path wins already at 1k
-# (2.6 x against 2.8 x), so there the mask only serves supports of more than S / 8 keys.
-_MASKED_KERNEL_RATIO = {True: 32, False: 8}
+# With gradients, random masks take the fused dense kernel with an additive mask of the sampled
+# subsets when ``S <= _MASKED_KERNEL_RATIO · k`` and the mask has at most
+# ``_MASKED_KERNEL_ELEMENTS`` entries (128 MiB in float32). Measured on the 2-core CPU (k = 64,
+# E = 64, B1 H8, ratio to plain SDPA, forward + backward): 1.6 x at S = 1k and 1.5 x at 2k
+# against 4.3 x and 2.1 x for the gathered path, which wins from 4k. Without gradients the
+# gathered path is as fast or faster (k = 64: 2.6 x against 2.8 x at 1k; the efficiency
+# experiment's k = 0.9 S at d = 16: the sampler dominates both) and keeps its memory within the
+# block budget, so the mask serves only the gradient path.
+_MASKED_KERNEL_RATIO = 32
 _MASKED_KERNEL_ELEMENTS = 1 << 25
 
 
@@ -777,9 +779,9 @@ def _masked_kernel_applies(
     return_weights: bool,
     upper: int,
 ) -> bool:
-    """Whether a random-mask association takes :meth:`RandomMask._masked_kernel`: a Softmax_n
-    separation (the fused kernels' family), no dropout, no weights, a mask without gradients,
-    and a size where the ``L × S`` mask is the cheaper way."""
+    """Whether a random-mask association takes :meth:`RandomMask._masked_kernel`: gradients
+    needed, a Softmax_n separation (the fused kernels' family), no dropout, no weights, a mask
+    without gradients, and a size where the ``L × S`` mask is the cheaper way."""
     batch, heads, length, _ = q.shape
     size = k.shape[-2]
     return (
@@ -787,7 +789,8 @@ def _masked_kernel_applies(
         and dropout == 0.0
         and not return_weights
         and (mask is None or not mask.requires_grad)
-        and size <= _MASKED_KERNEL_RATIO[_grads_needed(q, k, v, scale)] * upper
+        and _grads_needed(q, k, v, scale)
+        and size <= _MASKED_KERNEL_RATIO * upper
         and batch * heads * length * size <= _MASKED_KERNEL_ELEMENTS
     )
 
