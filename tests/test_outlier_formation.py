@@ -440,3 +440,32 @@ def test_bad_variant(tmp_path: Path) -> None:
             overrides={"variants": '["softmax2"]'},
             progress=False,
         )
+
+
+def test_reduction_rows_pair_the_seeds_with_a_t_test() -> None:
+    from scipy import stats
+
+    from hopfield.experiments.outlier_formation import _PAIR_METRICS, _reduction_row
+
+    base = [{"avg_kurtosis": k} for k in (20.0, 30.0, 25.0)]
+    ours = [{"avg_kurtosis": k} for k in (15.0, 29.0, 20.0)]
+    row = _reduction_row(
+        "softmax",
+        "softmax1",
+        "avg_kurtosis",
+        _PAIR_METRICS["avg_kurtosis"],
+        {"softmax": base, "softmax1": ours},
+    )
+    assert row[:4] == ["Vanilla → OutEffHop", "avg_kurtosis", pytest.approx(100 * 11 / 75), "3/3"]
+    difference = [o["avg_kurtosis"] - b["avg_kurtosis"] for o, b in zip(ours, base, strict=True)]
+    low, high = stats.t.interval(0.95, 2, loc=-11 / 3, scale=stats.sem(difference))
+    assert row[5] == f"{-11 / 3:+.4g} [{low:+.4g}, {high:+.4g}]"
+    assert row[6] == pytest.approx(stats.ttest_rel(difference, [0.0] * 3).pvalue, rel=1e-2)
+    single = _reduction_row(
+        "softmax",
+        "gated",
+        "avg_kurtosis",
+        _PAIR_METRICS["avg_kurtosis"],
+        {"softmax": base[:1], "gated": ours[:1]},
+    )
+    assert single[5:] == ["–", "–"]
