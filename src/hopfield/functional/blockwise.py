@@ -357,40 +357,30 @@ class _TopKRecomputed(torch.autograd.Function):
         v_flat = v.reshape(batch * heads * size, ev)
         out = q.new_empty(batch, heads, length, ev)
         supports: list[tuple[Tensor, Tensor | None]] = []
-        for start in range(0, length, block):
-            stop = min(start + block, length)
-            q_block = q[:, :, start:stop]
-            scale_block = _scale_rows(scale_any, start, stop, length)
-            bias_block = _rows(bias, start, stop, length)
-            idx, keep, scores = structure._support(
-                q_block,
-                k,
-                scale=scale_block,
-                bias=bias_block,
-                causal=causal,
-                start=start,
-                length=length,
-            )
+        pieces = structure._support_blocks(
+            q, k, scale=scale_any, bias=bias, causal=causal, block=block
+        )
+        for piece in pieces:
             o, _ = structure._associate_gathered(
-                q_block,
+                q[:, :, piece.start : piece.stop],
                 k_flat,
                 v_flat,
-                idx,
-                keep,
-                scores,
+                piece.idx,
+                piece.keep,
+                piece.scores,
                 size=size,
                 offset=size - length,
-                start=start,
+                start=piece.start,
                 separation=separation,
-                scale=scale_block,
-                bias=bias_block,
+                scale=piece.scale,
+                bias=piece.bias,
                 causal=causal,
                 dropout=0.0,
                 return_weights=False,
             )
-            out[:, :, start:stop] = o
-            small = idx.to(torch.int32) if size < 2**31 else idx
-            supports.append((small, keep))
+            out[:, :, piece.start : piece.stop] = o
+            small = piece.idx.to(torch.int32) if size < 2**31 else piece.idx
+            supports.append((small, piece.keep))
         ctx.save_for_backward(q, k, v, scale, bias)
         ctx.supports, ctx.block, ctx.float_scale = supports, block, float_scale
         ctx.separation, ctx.causal = separation, causal
@@ -398,6 +388,8 @@ class _TopKRecomputed(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        from hopfield.functional.efficient import _rows as scale_rows
+
         q, k, v, scale, bias = ctx.saved_tensors
         batch, heads, length, dim = q.shape
         size, ev = k.shape[-2], v.shape[-1]
@@ -423,7 +415,7 @@ class _TopKRecomputed(torch.autograd.Function):
             with torch.enable_grad():
                 q_leaf = q[:, :, start:stop].detach().requires_grad_()
                 keys = F.embedding(flat, k_flat).detach().requires_grad_()  # (B, H, Lc, K, E)
-                scale_block = _scale_rows(
+                scale_block = scale_rows(
                     ctx.float_scale if scale_leaf is None else scale_leaf, start, stop, length
                 )
                 scores = torch.matmul(keys, q_leaf.unsqueeze(-1)).squeeze(-1) * scale_block
@@ -465,13 +457,6 @@ class _TopKRecomputed(torch.autograd.Function):
             None,
             None,
         )
-
-
-def _scale_rows(scale: Tensor | float, start: int, stop: int, length: int) -> Tensor | float:
-    if not isinstance(scale, Tensor):
-        return scale
-    scale = scale.reshape((1,) * (4 - scale.dim()) + tuple(scale.shape))
-    return scale[:, :, start:stop] if scale.shape[-2] == length and length > 1 else scale
 
 
 def topk_recomputed(

@@ -20,7 +20,8 @@ additive float; broadcastable to ``(B, H, L, S)``), ``causal`` (query ``i`` sees
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -69,6 +70,22 @@ def _rows(t: Tensor | float, start: int, stop: int, length: int) -> Tensor | flo
         return t
     t = _as_4d(t)
     return t[:, :, start:stop] if t.shape[-2] == length and length > 1 else t
+
+
+@dataclass(frozen=True)
+class _SupportBlock:
+    """The queries ``start:stop`` of a gathered structure's association with their rows of
+    the scale and the additive bias, and their support: key indices ``idx (B, H, Lc, K)``,
+    the kept slots ``keep`` (``None`` when all are kept) and the selected scores ``scores``
+    (``None`` when the search did not compute them)."""
+
+    start: int
+    stop: int
+    scale: Tensor | float
+    bias: Tensor | None
+    idx: Tensor
+    keep: Tensor | None
+    scores: Tensor | None
 
 
 def _take_columns(t: Tensor, idx: Tensor) -> Tensor:
@@ -273,35 +290,20 @@ class _GatheredStructure(Structure):
         needs_grad = _grads_needed(q, k, scale, bias)
         outs: list[Tensor] = []
         weights: list[Tensor] = []
-        for start in range(0, length, block):
-            stop = min(start + block, length)
-            q_block = q[:, :, start:stop]
-            scale_block = _rows(scale, start, stop, length)
-            bias_block = None if bias is None else _rows(bias, start, stop, length)
-            assert not isinstance(bias_block, float)
-            with torch.no_grad():
-                idx, keep, scores = self._support(
-                    q_block.detach(),
-                    k.detach(),
-                    scale=scale_block.detach() if isinstance(scale_block, Tensor) else scale_block,
-                    bias=bias_block,
-                    causal=causal,
-                    start=start,
-                    length=length,
-                )
+        for piece in self._support_blocks(q, k, scale=scale, bias=bias, causal=causal, block=block):
             out, w = self._associate_gathered(
-                q_block,
+                q[:, :, piece.start : piece.stop],
                 k_flat,
                 v_flat,
-                idx,
-                keep,
-                None if needs_grad else scores,
+                piece.idx,
+                piece.keep,
+                None if needs_grad else piece.scores,
                 size=size,
                 offset=size - length,
-                start=start,
+                start=piece.start,
                 separation=separation,
-                scale=scale_block,
-                bias=bias_block,
+                scale=piece.scale,
+                bias=piece.bias,
                 causal=causal,
                 dropout=dropout,
                 return_weights=return_weights,
@@ -313,6 +315,36 @@ class _GatheredStructure(Structure):
         if not return_weights:
             return out, None
         return out, torch.cat(weights, dim=2) if len(weights) > 1 else weights[0]
+
+    def _support_blocks(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: Tensor | float,
+        bias: Tensor | None,
+        causal: bool,
+        block: int,
+    ) -> Iterator[_SupportBlock]:
+        """The queries ``q (B, H, L, E)`` in blocks of ``block`` rows, each with its rows of
+        ``scale`` and ``bias`` and its support (:meth:`_support`, searched without gradients)."""
+        length = q.shape[-2]
+        for start in range(0, length, block):
+            stop = min(start + block, length)
+            scale_rows = _rows(scale, start, stop, length)
+            bias_rows = None if bias is None else _rows(bias, start, stop, length)
+            assert not isinstance(bias_rows, float)
+            with torch.no_grad():
+                idx, keep, scores = self._support(
+                    q[:, :, start:stop].detach(),
+                    k.detach(),
+                    scale=scale_rows.detach() if isinstance(scale_rows, Tensor) else scale_rows,
+                    bias=bias_rows,
+                    causal=causal,
+                    start=start,
+                    length=length,
+                )
+            yield _SupportBlock(start, stop, scale_rows, bias_rows, idx, keep, scores)
 
     def _support(
         self,
@@ -970,26 +1002,14 @@ class RandomMask(_GatheredStructure):
                 (batch, heads, length, size), -math.inf, dtype=q.dtype, device=q.device
             )
             zero = torch.zeros((), dtype=q.dtype, device=q.device)
-            for start in range(0, length, block):
-                stop = min(start + block, length)
-                piece_scale = _rows(scale, start, stop, length)
-                piece_bias = None if bias is None else _rows(bias, start, stop, length)
-                assert not isinstance(piece_bias, float)
-                idx, keep, _ = self._support(
-                    q[:, :, start:stop].detach(),
-                    k.detach(),
-                    scale=piece_scale.detach() if isinstance(piece_scale, Tensor) else piece_scale,
-                    bias=piece_bias,
-                    causal=causal,
-                    start=start,
-                    length=length,
-                )
-                rows = kernel_mask[:, :, start:stop]
-                if keep is None:
-                    rows.scatter_(-1, idx, 0.0)
+            pieces = self._support_blocks(q, k, scale=scale, bias=bias, causal=causal, block=block)
+            for piece in pieces:
+                rows = kernel_mask[:, :, piece.start : piece.stop]
+                if piece.keep is None:
+                    rows.scatter_(-1, piece.idx, 0.0)
                 else:  # unused slots repeat some index: the largest value wins, not the last write
-                    flags = torch.where(keep, zero, torch.full_like(zero, -math.inf))
-                    rows.scatter_reduce_(-1, idx, flags, reduce="amax")
+                    flags = torch.where(piece.keep, zero, torch.full_like(zero, -math.inf))
+                    rows.scatter_reduce_(-1, piece.idx, flags, reduce="amax")
             # The subsets lie among the allowed keys; a float mask still adds its finite values.
             if mask is not None and mask.dtype != torch.bool:
                 kernel_mask += mask.to(q.dtype)
