@@ -64,6 +64,8 @@ def test_tiny_run_measures_every_model_and_the_exact_claims_hold(tiny: tuple[Pat
     assert metrics["throughput_ratio"] > 0
     throughput_table = record["results"]["tables"][2]
     assert throughput_table["rows"][0][-1] > 0
+    # the note names the pixels each study retrieves (standardised for the nonparametric one)
+    assert any("retrieves standardised pixels" in n for n in record["results"]["notes"])
     summaries = [t["name"] for t in record["results"]["tables"][3:]]
     assert summaries == [
         "OutEffHop study at β = 1: cos success after 1 step, half queries",
