@@ -20,6 +20,7 @@ from hopfield.experiments.memory_capacity import (
     run_model,
     scores,
     standardisation,
+    success_table,
     throughput,
 )
 from hopfield.experiments.runner import load_record
@@ -63,6 +64,14 @@ def test_tiny_run_measures_every_model_and_the_exact_claims_hold(tiny: tuple[Pat
     assert metrics["throughput_ratio"] > 0
     throughput_table = record["results"]["tables"][2]
     assert throughput_table["rows"][0][-1] > 0
+    # the note names the pixels each study retrieves (standardised for the nonparametric one)
+    assert any("retrieves standardised pixels" in n for n in record["results"]["notes"])
+    summaries = [t["name"] for t in record["results"]["tables"][3:]]
+    assert summaries == [
+        "OutEffHop study at β = 1: cos success after 1 step, half queries",
+        "OutEffHop study at β = 1: rel success after 2 steps, half queries",
+        "Nonparametric study: cos success after 1 step, half queries",
+    ]
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint(tiny: tuple[Path, dict], tmp_path: Path) -> None:
@@ -225,6 +234,26 @@ def test_efficient_trends_are_paired_over_memory_sets() -> None:
         _points("dense", {10: [0.9, 0.8], 30: [0.1, 0.2]}), ["dense"], "w", 10, 30
     )
     assert few[0][3] == "inconclusive"  # 2 memory sets
+
+
+def test_success_tables_pivot_one_criterion_over_the_sweep() -> None:
+    points = [
+        Point("d", "half", "dense", "outeffhop", 1.0, 1, 10, 0.1, 2, {"cos": [0.5, 1.0]}),
+        Point("d", "half", "dense", "outeffhop", 1.0, 1, 30, 0.1, 2, {"cos": [0.25, 0.25]}),
+        Point("d", "half", "sparse", "outeffhop", 1.0, 1, 10, 0.1, 2, {"cos": [1.0, 1.0]}),
+        Point("d", "half", "dense", "outeffhop", 1.0, 3, 10, 0.1, 2, {"cos": [0.0, 0.0]}),
+    ]
+    table = success_table(
+        points, "t", "M", "cos", spread=True, study="outeffhop", beta=1.0, steps=1
+    )
+    assert table is not None and table.columns == ["dataset", "β", "model", "M=10", "M=30"]
+    assert table.rows == [
+        ["d", 1.0, "dense", "0.750 ± 0.354", "0.250 ± 0.000"],
+        ["d", 1.0, "sparse", "1.000 ± 0.000", None],  # not measured at M = 30
+    ]
+    means = success_table(points, "t", "M", "cos", spread=False, steps=3)
+    assert means is not None and means.rows == [["d", 1.0, "dense", "0.000"]]
+    assert success_table(points, "t", "M", "cos", spread=False, study="nonparametric") is None
 
 
 def test_missing_data_fails_clearly_or_is_skipped(tmp_path: Path) -> None:

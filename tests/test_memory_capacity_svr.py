@@ -9,8 +9,11 @@ import torch
 
 from hopfield.experiments import run_experiment
 from hopfield.experiments.memory_capacity import (
+    EFFICIENT_MODELS,
     PRESETS,
     SVR_MODEL,
+    Point,
+    efficient_trends,
     make_model,
     run_model,
     svr_memory,
@@ -18,10 +21,42 @@ from hopfield.experiments.memory_capacity import (
 from hopfield.experiments.runner import load_record
 
 
-def test_svr_is_in_no_preset() -> None:
-    # The committed evidence of the presets must not change: svr is opt-in only.
-    for config in PRESETS.values():
-        assert SVR_MODEL not in config.models and SVR_MODEL not in config.efficient_models
+def test_svr_is_in_the_small_and_paper_presets_only() -> None:
+    # It fits an SVR per memory set (float64, M × M duals): too slow for the tiny test preset.
+    assert SVR_MODEL not in PRESETS["tiny"].efficient_models
+    for name in ("small", "paper"):
+        assert PRESETS[name].efficient_models == (*EFFICIENT_MODELS, SVR_MODEL)
+    assert all(SVR_MODEL not in config.models for config in PRESETS.values())
+
+
+def test_adding_svr_leaves_the_other_models_unchanged(tmp_path) -> None:
+    """Memory sets and queries are drawn before any model runs: a run with the svr row gives
+    every other model the numbers of a run without it."""
+    overrides = {"models": "[]", "throughput": "null", "memory_sizes": "[10]", "steps": "[1]"}
+    points = {}
+    for models in ('["dense", "random-50", "random-features"]',
+                   '["svr", "dense", "random-50", "random-features"]'):  # fmt: skip
+        path = run_experiment(
+            "memory-capacity",
+            "tiny",
+            tmp_path / str(len(points)),
+            progress=False,
+            overrides={**overrides, "efficient_models": models},
+        )
+        rows = load_record(path)["results"]["tables"][1]["rows"]
+        points[models] = [r for r in rows if r[3] != SVR_MODEL]
+    without, with_svr = points.values()
+    assert without == with_svr and len(without) == 3
+
+
+def test_svr_is_in_no_stated_trend() -> None:
+    points = [
+        Point("d", "half", model, "nonparametric", 1.0, 1, size, 0.0, 3, {"cos": values})
+        for model, values in (("random-50", [0.5, 0.6, 0.4]), ("svr", [0.1, 0.2, 0.1]))
+        for size in (10, 30)
+    ]
+    rows = efficient_trends(points, ["random-50", "svr"], "d, half", 10, 30)
+    assert rows == []  # random masks are compared only with the figure's models
 
 
 def test_svr_memory_interpolates_and_matches_its_formula() -> None:

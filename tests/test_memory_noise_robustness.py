@@ -10,7 +10,14 @@ from hopfield.experiments.runner import load_record
 
 def test_tiny_noise_sweep(tmp_path: Path) -> None:
     record = load_record(run_experiment("noise-robustness", "tiny", tmp_path, progress=False))
-    trends, points = record["results"]["tables"]
+    trends, points, *summaries = record["results"]["tables"]
+    # the summaries the docs quote: one per study (and criterion) the preset measures
+    assert [t["name"] for t in summaries] == [
+        "OutEffHop study at β = 1: cos success after 1 step, noise queries",
+        "OutEffHop study at β = 1: rel success after 2 steps, noise queries",
+        "Nonparametric study: cos success after 1 step, noise queries",
+    ]
+    assert summaries[0]["columns"] == ["dataset", "β", "model", "σ=0.1", "σ=1"]
     assert trends["columns"][3] == "verdict"
     assert (
         trends["rows"][0][0].startswith("OutEffHop spec B-ii") and trends["rows"][0][3] == "holds"

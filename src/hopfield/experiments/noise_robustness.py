@@ -26,6 +26,7 @@ from hopfield.experiments.memory_capacity import (
     identity_trend,
     points_table,
     select,
+    success_tables,
     sweep,
 )
 from hopfield.experiments.registry import Experiment, register
@@ -217,7 +218,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
             name = f"noise_robustness_steps{steps}.png"
             draw_sweep(str(ctx.path(name)), points, "σ", steps, "Noise robustness")
             figures.append(name)
-    return Results(tables=[trend_table, table], metrics=metrics, figures=figures, notes=notes)
+    tables = [trend_table, table, *success_tables(points, config, "σ")]
+    return Results(tables=tables, metrics=metrics, figures=figures, notes=notes)
 
 
 register(
