@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import hopfield.experiments.outlier_formation as of
+from hopfield.claims.ledger import UNREADABLE, evaluate
 from hopfield.data import DataNotFoundError
 from hopfield.experiments import get, run_experiment
 from hopfield.experiments import outliers as study
@@ -102,6 +103,15 @@ def test_thin_presets_and_overrides(shared_data: Path, tmp_path: Path) -> None:
         (tmp_path / "outliers-bert" / "runs/bert/softmax/seed-1/result.json").read_text()
     )
     assert len(record["fp"]) == 2 and record["fp"][0] != record["fp"][1]  # masking seeds differ
+    # Figures 3-4's tensors at evaluation: every component of every layer, as the ledger reads them
+    components = record["component_inf_norms"]
+    assert {"attention.output.LayerNorm", "output.dense"} <= set(components["columns"])
+    assert [row[0] for row in components["rows"]] == ["0", "1"]
+    ledger = {r["id"]: r for r in evaluate(tmp_path)}
+    for claim in ("OEH-F3-depth", "OEH-F4-layernorm"):
+        note = ledger[claim]["note"]
+        assert ledger[claim]["verdict"] == "not tested at this scale", claim
+        assert "no outliers formed" in note and UNREADABLE not in note, claim
     assert results["figures"] == ["figure2_bert.png", "figure3_bert.png", "figure4_bert.png"]
 
 

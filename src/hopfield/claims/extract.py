@@ -9,16 +9,18 @@ runs (a model the preset leaves out, no outliers formed, a toy stand-in).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hopfield.claims.claim import Comparison, Evidence, Extractor, Measured, NotTested
-from hopfield.claims.records import ExperimentRecord
+from hopfield.claims.claim import Claim, Comparison, Evidence, Extractor, Measured, NotTested
+from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 
 __all__ = [
     "combine",
     "convergence_speed",
+    "efficiency_flops",
     "efficiency_time",
     "formation_variants",
     "hyperset_accuracy",
@@ -27,13 +29,17 @@ __all__ = [
     "mil_auc",
     "mil_bags",
     "mil_curves",
+    "outlier_component",
+    "outlier_depth",
     "outlier_params",
+    "outlier_reduction",
     "outlier_variants",
     "retrieval",
     "retrieval_drop",
     "stanhop",
     "stanhop_curves",
     "theory_check",
+    "theory_claim",
     "timeseries",
 ]
 
@@ -96,6 +102,17 @@ def empirical(read: Callable[[ExperimentRecord], list[Comparison]]) -> Extractor
 
 
 # ----------------------------------------------------------------------------------- theory
+
+
+def theory_claim(
+    paper: str, id: str, location: str, statement: str, source: str, check: str
+) -> Claim:
+    """A claim the ``theory`` experiment checks in its row ``(source, check…)``
+    (:func:`theory_check`): exact, it holds when the row counts no violation."""
+    return Claim(
+        id, paper, location, statement, 0, "violations", "equal", "exact", "theory",
+        theory_check(source, check),
+    )  # fmt: skip
 
 
 def theory_check(source: str, statement: str) -> Extractor:
@@ -332,6 +349,193 @@ def outlier_params(family: str, variant: str) -> Extractor:
         return Measured(record.metric(f"{family}/{variant}/parameters"))
 
     return extract
+
+
+#: Table 1's (softmax-based, Softmax_1-based) variant pairs and STanHop-Net's names for them.
+_TABLE1_PAIRS = (
+    ("softmax", "softmax1"),
+    ("clipped", "clipped_softmax1"),
+    ("gated", "gated_softmax1"),
+)
+_STANHOP_NAMES = {"softmax": "dense", "softmax1": "outeffhop", "clipped": "clipped",
+                  "clipped_softmax1": "clipped_outeffhop", "gated": "gated",
+                  "gated_softmax1": "gated_outeffhop"}  # fmt: skip
+
+
+def _sibling(record: ExperimentRecord, name: str) -> ExperimentRecord | None:
+    """The record of experiment ``name`` in the same results folder as ``record``, if any."""
+    folder = record.folder.parent / name
+    return ExperimentRecord.load(folder) if (folder / RESULTS_FILE).is_file() else None
+
+
+def _study_reductions(record: ExperimentRecord, family: str, metric: str) -> list[Samples]:
+    """Per pair of Table 1, the per-seed reductions ``100·(1 − new/old)`` of ``metric`` of
+    ``family`` from the ``outliers`` study (the record ``outliers`` or ``outliers-<family>`` of the
+    folder holding all six variants); :class:`NotTested` without them or without outliers."""
+    reasons = []
+    for name in ("outliers", f"outliers-{family}"):
+        study = _sibling(record, name)
+        if study is None:
+            continue
+        runs = {v: _outlier_runs(study, family, v) for p in _TABLE1_PAIRS for v in p}
+        missing = [variant for variant, found in runs.items() if not found]
+        if missing:
+            reasons.append(f"{name} has no {family} runs of {', '.join(missing)}")
+            continue
+        _require_outliers(family, runs["softmax"])
+        return [
+            {
+                unit: 100 * (1 - _outlier_value(family, metric, runs[new][unit])
+                             / _outlier_value(family, metric, runs[old][unit]))
+                for unit in runs[old] if unit in runs[new]
+            }
+            for old, new in _TABLE1_PAIRS
+        ]  # fmt: skip
+    raise NotTested("; ".join(reasons) or f"no outliers or outliers-{family} results")
+
+
+def _stanhop_reductions(record: ExperimentRecord, metric: str) -> list[Samples]:
+    """Table 1's STanHop-Net pairs (ETTh1, horizon 24) from ``stanhop-outliers``, per seed."""
+    study = _sibling(record, "stanhop-outliers")
+    if study is None:
+        raise NotTested("no stanhop-outliers results in this folder")
+    runs = study.side("runs.json")
+
+    def seeds(variant: str) -> Samples:
+        samples = _stanhop_samples(
+            runs, _STANHOP_NAMES[variant], lambda r: float(r[metric]), [("ETTh1", 24)]
+        )
+        return {f"seed {unit.rsplit(' ', 1)[1]}": v for unit, v in samples.items()}
+
+    out = []
+    for old, new in _TABLE1_PAIRS:
+        before, after = seeds(old), seeds(new)
+        if not before or not after:
+            raise NotTested(f"stanhop-outliers has no ETTh1/24 runs of {old} and {new}")
+        out.append({u: 100 * (1 - after[u] / before[u]) for u in before if u in after})
+    return out
+
+
+def outlier_reduction(metric: str) -> Extractor:
+    """The abstract's average reduction of ``metric`` (``avg_kurtosis`` or ``max_inf_norm``, Table
+    1's) over Table 1's 12 (model, pair) comparisons: per training seed, the mean over BERT, OPT
+    and ViT (the ``outliers`` study: ``outliers`` or ``outliers-<model>`` in the folder) and
+    STanHop-Net (``stanhop-outliers`` at ETTh1/24) of ``100·(1 − new/old)`` for Vanilla →
+    OutEffHop, Clipped Softmax → Clipped OutEffHop, Gated Attention → Gated OutEffHop, against no
+    reduction (0). Whatever record the ledger passes, the four models are read from the folder
+    holding it. :class:`NotTested` names every model lacking its six variants and every
+    transformer whose vanilla runs formed no outliers (as the Table 1 claims require)."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        per_pair: list[Samples] = []
+        reasons = []
+        for family in ("bert", "opt", "vit"):
+            try:
+                per_pair += _study_reductions(record, family, metric)
+            except NotTested as why:
+                reasons.append(str(why))
+        try:
+            per_pair += _stanhop_reductions(record, metric)
+        except NotTested as why:
+            reasons.append(str(why))
+        if reasons:
+            raise NotTested("; ".join(reasons))
+        units = [u for u in per_pair[0] if all(u in p for p in per_pair)]
+        means = {u: statistics.fmean(p[u] for p in per_pair) for u in units}
+        model = f"mean over Table 1's {len(per_pair)} pairs"
+        return [pair("no reduction", means, dict.fromkeys(units, 0.0), model)]
+
+    return empirical(read)
+
+
+def _component_column(family: str, label: str) -> str:
+    """The per-layer tables' column of the component ``label`` (``"FFN 2"``, ``"attention LN"``;
+    :data:`~hopfield.experiments.outliers_tasks.COMPONENTS`)."""
+    from hopfield.experiments.outliers_tasks import COMPONENTS
+
+    return COMPONENTS[family][label].lstrip(".") or "block"
+
+
+def _layer_values(run: dict[str, Any], key: str, component: str) -> dict[int, float]:
+    """``{layer: mean inf norm}`` of ``component`` from a run's per-layer table ``key``
+    (``layer_inf_norms``: Table 1's tensors; ``component_inf_norms``: every layer component)."""
+    if key not in run:
+        raise NotTested(f"the runs were recorded before {key} was kept")
+    columns, rows = run[key]["columns"], run[key]["rows"]
+    if component not in columns:
+        raise NotTested(f"the runs' {key} has no {component}")
+    column = columns.index(component)
+    return {int(r[0]): float(r[column]) for r in rows if r[0] != "-" and r[column] is not None}
+
+
+def _figure_layers(layers: int) -> tuple[int, int]:
+    """The shallowest and deepest of Figure 3's layers (3, 6, 9, 10 of 12, scaled to ``layers``,
+    as :mod:`hopfield.experiments.outliers` draws them)."""
+    chosen = [max(0, min(layers - 1, round(layers * k / 12))) for k in (3, 10)]
+    if chosen[0] == chosen[1]:
+        raise NotTested(f"{layers} layer(s): no depth to compare")
+    return chosen[0], chosen[1]
+
+
+def _vanilla_and_outeffhop(record: ExperimentRecord, family: str) -> tuple[dict, dict]:
+    """The vanilla and OutEffHop runs of ``family``, where vanilla formed outliers."""
+    vanilla, outeffhop = (_outlier_runs(record, family, v) for v in ("softmax", "softmax1"))
+    _require_outliers(family, vanilla)
+    return vanilla, outeffhop
+
+
+def outlier_depth(family: str) -> Extractor:
+    """Figure 3: the FFN output's mean inf norm per layer (``layer_inf_norms`` of each run, at
+    evaluation) between the shallowest and deepest of the figure's layers, paired over seeds, in
+    two comparisons: vanilla's value at the shallow layer against its value at the deep one (it
+    grows with depth), and OutEffHop's growth ``log(deep / shallow)`` against vanilla's (it stays
+    more consistent across layers). For a claim of direction ``lower``."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        component = _component_column(family, "FFN 2")
+        vanilla, outeffhop = _vanilla_and_outeffhop(record, family)
+        by_layer = {
+            variant: {u: _layer_values(r, "layer_inf_norms", component) for u, r in runs.items()}
+            for variant, runs in (("softmax", vanilla), ("softmax1", outeffhop))
+        }
+        first = next(iter(by_layer["softmax"].values()), {})
+        shallow, deep = _figure_layers(len(first))
+
+        def at(variant: str, layer: int) -> Samples:
+            return {u: values[layer] for u, values in by_layer[variant].items()}
+
+        def growth(variant: str) -> Samples:
+            return {u: math.log(v[deep] / v[shallow]) for u, v in by_layer[variant].items()}
+
+        return [
+            pair(f"softmax layer {deep}", at("softmax", shallow), at("softmax", deep),
+                 f"softmax layer {shallow}"),
+            pair(f"softmax (growth log(layer {deep} / layer {shallow}))", growth("softmax1"),
+                 growth("softmax"), "softmax1"),
+        ]  # fmt: skip
+
+    return empirical(read)
+
+
+def outlier_component(family: str, component: str) -> Extractor:
+    """Figure 4: OutEffHop against vanilla on the mean inf norm of ``component`` (a
+    :data:`~hopfield.experiments.outliers_tasks.COMPONENTS` label) in the figure's layer
+    ``L − 2`` (``component_inf_norms`` of each run, at evaluation), paired over seeds."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        column = _component_column(family, component)
+        vanilla, outeffhop = _vanilla_and_outeffhop(record, family)
+
+        def at_figure_layer(runs: dict[str, dict]) -> Samples:
+            out = {}
+            for unit, run in runs.items():
+                values = _layer_values(run, "component_inf_norms", column)
+                out[unit] = values[max(0, len(values) - 2)]
+            return out
+
+        return [pair("softmax", at_figure_layer(outeffhop), at_figure_layer(vanilla), "softmax1")]
+
+    return empirical(read)
 
 
 def _formation_runs(record: ExperimentRecord, needs_outliers: bool) -> dict[str, dict[str, Any]]:
@@ -610,6 +814,62 @@ def efficiency_time(models: Sequence[str], rival: str, *, mode: str = "layer") -
 
 def _probability(model: str) -> float:
     return float(model.split("-", 1)[1])
+
+
+#: Fig. 7's words as exact relations between FLOP counts: "far fewer" is at most a tenth of
+#: dense's at the largest memory size; "share FLOPs" is within 10 % of each other at every size
+#: (a gap of 10 % is 0.04 decades, lines that overlap on the figure's log axis; 1.5× would
+#: show as two lines).
+FAR_FEWER, SHARED = 0.1, 0.1
+
+
+def efficiency_flops(
+    efficient: Sequence[str], shared: Sequence[tuple[str, str]], *, mode: str = "layer"
+) -> Extractor:
+    """Figure 7 from the ``Analytic FLOPs`` table of an ``efficiency`` record (mode ``layer``:
+    the Hopfield layer the paper measured), at every ``d`` of the record.
+
+    The counts are exact: :func:`~hopfield.experiments.efficiency.analytic_flops` evaluates each
+    algorithm's operation count at each ``(d, L)``, so they carry no noise and no seeds, and the
+    claim is judged as an exact one (``kind="exact"``): the measured value is the number of the
+    figure's relations the counts break, and the claim holds when it is 0. The relations, per
+    ``d``: every model starting with a name in ``efficient`` needs at most :data:`FAR_FEWER` of
+    dense's FLOPs at the largest ``L`` (the figure's "far fewer"); every ``(a, b)`` of ``shared``
+    has counts within :data:`SHARED` of each other at every ``L`` ("the lines overlap"). The
+    detail gives the ratios. Our counts include every operation of the algorithm (sparsemax's
+    sort, the random-feature map), where the paper's fvcore counts matrix products, so two models
+    whose matrix products agree can differ here.
+    """
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        columns, rows = record.table("Analytic FLOPs")
+        counts: dict[tuple[int, str], list[float]] = {
+            (int(r[1]), str(r[2])): [float(v) for v in r[3:] if v is not None]
+            for r in rows
+            if r[0] == mode
+        }
+        if not counts:
+            raise NotTested(f"efficiency at {record.preset} counts no FLOPs in mode {mode}")
+        relations: list[bool] = []  # True where the counts break the relation
+        notes = []
+        for d in sorted({key[0] for key in counts}):
+            dense = counts[(d, "dense")]
+            fewer = [
+                values[-1] / dense[-1]
+                for (dim, model), values in counts.items()
+                if dim == d and model.startswith(tuple(efficient))
+            ]
+            relations += [share > FAR_FEWER for share in fewer]
+            notes.append(f"d={d}: efficient / dense at {columns[-1]} <= {max(fewer):.3g}")
+            for a, b in shared:
+                ratios = [x / y for x, y in zip(counts[(d, a)], counts[(d, b)], strict=True)]
+                relations.append(max(abs(r - 1) for r in ratios) > SHARED)
+                notes.append(f"{a} / {b} {min(ratios):.3g}-{max(ratios):.3g}")
+        broken = sum(relations)
+        detail = f"{broken} of {len(relations)} relations fail ({'; '.join(notes)})"
+        return Measured(float(broken), detail)
+
+    return extract
 
 
 # -------------------------------------------------------------------------------- Hyper-SET

@@ -15,6 +15,7 @@ from hopfield.claims.extract import (
     hyperset_metric,
     hyperset_params,
     hyperset_toy,
+    theory_claim,
 )
 
 __all__ = ["CLAIMS"]
@@ -30,8 +31,8 @@ def _params(id: str, location: str, what: str, paper: float, experiment: str, mo
     )  # fmt: skip
 
 
-def _missing(id: str, location: str, statement: str, note: str) -> Claim:
-    return Claim(id, PAPER, location, statement, None, "-", "equal", "exact", None, note=note)
+def _theory(id: str, location: str, statement: str, source: str, check: str) -> Claim:
+    return theory_claim(PAPER, id, location, statement, source, check)
 
 
 PARAMETERS = [
@@ -54,14 +55,13 @@ PARAMETERS = [
 ]  # fmt: skip
 
 IDENTITIES = [
-    _missing("HS-E7-gradients", "Eqs. 7, 10, Tables 18-19", "The layer's updates are the "
-             "gradients of its energies (bi-softmax attention, ReLU FF and the alternatives).",
-             "Checked by unit tests (tests/test_hyperset_model.py), not by an experiment."),
-    _missing("HS-S3-sphere", "§3", "RMS-normalised projections lie on spheres of radius √p and "
-             "√M.", "Checked by unit tests (tests/test_hyperset_model.py)."),
-    _missing("HS-S3-identity", "§3.3", "With zero-initialised step sizes the model is the "
-             "identity at initialisation.",
-             "Checked by unit tests (tests/test_hyperset_model.py)."),
+    _theory("HS-E7-gradients", "Eqs. 7, 10, Tables 18-19", "The layer's updates are the "
+            "gradients of its energies (bi-softmax attention, ReLU FF and the alternatives).",
+            "Hyper-SET Eqs. 7, 10, Tables 18-19", "the updates are the energy gradients"),
+    _theory("HS-S3-sphere", "§3", "RMS-normalised projections lie on spheres of radius √p and "
+            "√M.", "Hyper-SET §3", "RMS-normalised projections"),
+    _theory("HS-S3-identity", "§3.3", "With zero-initialised step sizes the model is the "
+            "identity at initialisation.", "Hyper-SET §3.3", "with zero-initialised step sizes"),
 ]  # fmt: skip
 
 SUDOKU = [

@@ -50,7 +50,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +65,9 @@ from hopfield.experiments.outliers_tasks import (
 )
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
+
+if TYPE_CHECKING:
+    from hopfield.outliers import ActivationRecorder
 
 __all__ = [
     "FAMILIES",
@@ -680,10 +683,13 @@ def _train_and_evaluate(
     summary: dict[str, float] = {}
     attention: dict[str, dict[str, float]] = {}
     layer_table: dict[str, Any] = {}
+    component_table: dict[str, Any] = {}
     for e in range(config.eval_seeds):
         batches = moved(task.eval_batches(3000 + e))
         if e == 0:
             activations = ActivationRecorder(model, settings.family)
+            # every component of every layer (Figures 3-4), apart from Table 1's selection
+            components = ActivationRecorder(model, task.monitor_patterns(settings.layers))
             with AttentionRecorder(model) as recorder:
 
                 def before(batch: Any, recorder: AttentionRecorder = recorder) -> None:
@@ -691,10 +697,11 @@ def _train_and_evaluate(
 
                 fp.append(task.evaluate(model, batches, before))
             activations.remove()
+            components.remove()
             summary = activations.summary()
             attention = recorder.per_layer()
-            table = activations.layer_table("mean_inf_norm")
-            layer_table = {"columns": table.columns, "rows": table.rows}
+            layer_table = _layer_table(activations)
+            component_table = _layer_table(components)
         else:
             fp.append(task.evaluate(model, batches, None))
         calibration = [_to(b, device) for b in task.calibration_batches(4000 + e)]
@@ -711,12 +718,20 @@ def _train_and_evaluate(
         "summary": summary,
         "attention": attention,
         "layer_inf_norms": layer_table,
+        "component_inf_norms": component_table,
         "parameters": paper_parameter_count(model),
         "final_loss": fitted.log[-1]["loss"] if fitted.log else math.nan,
         "train_seconds": train_seconds,
         "steps": fitted.step,
         "processes": fitted.processes,
     }
+
+
+def _layer_table(recorder: ActivationRecorder) -> dict[str, Any]:
+    """An :class:`~hopfield.outliers.ActivationRecorder`'s mean inf norm per layer and component
+    as JSON (``columns``: ``"layer"`` then the components; ``rows``: one per layer)."""
+    table = recorder.layer_table("mean_inf_norm")
+    return {"columns": table.columns, "rows": table.rows}
 
 
 def _stat(values: Sequence[float]) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""``theory``: numeric checks of the statements of OutEffHop and of the nonparametric Hopfield paper.
+"""``theory``: numeric checks of the statements of OutEffHop, the nonparametric Hopfield paper and
+Hyper-SET.
 
 Every check runs in float64 on synthetic memories (uniform on a sphere of radius ``m``) and gives
 one row of a pass/fail table: how many trials it covered, how many violated the statement, and the
@@ -19,12 +20,16 @@ stationary points), ``T_OutEff = γ·T_dense``, Lemma C.6 (Softmax_1 is 2-Lipsch
 Jacobian norm, Corollary 3.2.1, Theorem 3.2's bound and Theorem 3.3 / Lemma C.1 (capacity-bound
 ordering via Lambert W). Nonparametric Hopfield (Hu et al., ICML 2025): Theorem 4.1 (retrieval
 error bound ``m(M+k-2)exp(-βΔ̃)`` for Top-K and target-forced random masks), Corollary 4.1.1
-(sparse ≤ dense), Top-K error grows with K, Lemma 4.1 (well-separation: ``T(S_µ) ⊆ S_µ``),
-Proposition 4.1 (capacity lower bound grows with d, falls with k), Corollary 4.1.3 (fixed-point
+(sparse ≤ dense), Corollary 4.1.2 (one-step error ``<= 2m(M-1)exp(-β(Δ_µ - 2m‖x - ξ_µ‖))``, on
+the random memories and on well-separated ones), Top-K error grows with K, Lemma 4.1
+(well-separation: ``T(S_µ) ⊆ S_µ``), Proposition 4.1 (capacity lower bound grows with d, falls with k), Corollary 4.1.3 (fixed-point
 convergence) and random masks that may drop the target failing. The SVR framework of the
 nonparametric paper (Thm 3.1, Lemma 3.1, Thm 3.2, Def. 3.2) is checked in
 :mod:`~hopfield.experiments.theory_svr`, OutEffHop's Theorem 3.4 (generalization bound) in
-:mod:`~hopfield.experiments.theory_generalization`; both draw from their own generators.
+:mod:`~hopfield.experiments.theory_generalization`, OutEffHop's App. B.1 example and §4.1 INT8
+premise in :mod:`~hopfield.experiments.theory_outliers`, and Hyper-SET's gradient identities
+(Eqs. 7, 10, Tables 18-19), spheres (§3) and identity at initialisation (§3.3) in
+:mod:`~hopfield.experiments.theory_hyperset`; each draws from its own generator.
 
 Top-K and random masks are :class:`hopfield.functional.efficient.TopK` and
 :class:`~hopfield.functional.efficient.RandomMask` (with ``force`` = the target, to condition on
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +88,12 @@ class Config:
         generalization_sizes, generalization_trials, generalization_steps: OutEffHop Theorem
             3.4 (:mod:`~hopfield.experiments.theory_generalization`): training-set sizes N,
             teachers per N and full-batch training steps.
+        int8_sizes, int8_outliers: OutEffHop §4.1 (:mod:`~hopfield.experiments.theory_outliers`):
+            entries of the Gaussian tensors quantized per tensor, and the outlier magnitudes in
+            units of the tensor's largest ``|x|`` (``trials`` tensors per pair).
+        hyperset_tokens, hyperset_trials: the Hyper-SET rows
+            (:mod:`~hopfield.experiments.theory_hyperset`): token counts N (from
+            ``FUSED_MIN_TOKENS`` on, the bi-softmax takes its fused path) and draws per N.
         figure: draw the Top-K and capacity figure.
         threads: torch CPU threads during the run (1 avoids thread-pool overhead on these
             many small products; restored afterwards).
@@ -123,6 +134,10 @@ class Config:
     generalization_sizes: tuple[int, ...] = (32, 128, 512)
     generalization_trials: int = 3
     generalization_steps: int = 300
+    int8_sizes: tuple[int, ...] = (256, 4096)
+    int8_outliers: tuple[float, ...] = (2.0, 10.0, 100.0)
+    hyperset_tokens: tuple[int, ...] = (8, 64, 520)
+    hyperset_trials: int = 4
     figure: bool = True
     threads: int = 1
     seed: int = 0
@@ -148,6 +163,9 @@ PRESETS = {
         generalization_sizes=(32, 128),
         generalization_trials=2,
         generalization_steps=150,
+        int8_sizes=(256,),
+        hyperset_tokens=(8,),
+        hyperset_trials=2,
         figure=False,
     ),
     "small": Config(),
@@ -160,6 +178,9 @@ PRESETS = {
         svr_trials=10,
         generalization_sizes=(32, 128, 512, 2048),
         generalization_trials=5,
+        int8_sizes=(256, 4096, 65536),
+        hyperset_tokens=(8, 64, 520, 1024),
+        hyperset_trials=16,
     ),
 }
 
@@ -228,6 +249,14 @@ def separation_radius(memories: Tensor) -> Tensor:
     distances = torch.cdist(memories, memories)
     eye = torch.eye(memories.shape[-2], dtype=torch.bool)
     return 0.5 * distances.masked_fill(eye, math.inf).amin(dim=(-1, -2))
+
+
+def memory_separation(memories: Tensor) -> Tensor:
+    """Definition 4.1, ``Δ_µ = min_{ν≠µ} [⟨ξ_µ, ξ_µ⟩ - ⟨ξ_µ, ξ_ν⟩]`` of every memory:
+    ``(..., M, d) -> (..., M)``."""
+    gram = memories @ memories.transpose(-1, -2)
+    eye = torch.eye(memories.shape[-2], dtype=torch.bool)
+    return (gram.diagonal(dim1=-2, dim2=-1)[..., None] - gram).masked_fill(eye, math.inf).amin(-1)
 
 
 def one_step(
@@ -559,6 +588,7 @@ class SparseTrials:
     kept: dict[str, int]  # model -> k (support size)
     gap: Tensor  # (T,) Δ̃_µ = ⟨x, ξ_µ⟩ - max_{ν≠µ} ⟨x, ξ_ν⟩
     separation: Tensor  # (T,) R = ½ min_{µ≠ν} ‖ξ_µ - ξ_ν‖
+    delta: Tensor  # (T,) Δ_µ = ⟨ξ_µ, ξ_µ⟩ - max_{ν≠µ} ⟨ξ_µ, ξ_ν⟩ (Definition 4.1)
 
 
 def sparse_trials(config: Config, generator: torch.Generator) -> list[SparseTrials]:
@@ -596,38 +626,125 @@ def sparse_trials(config: Config, generator: torch.Generator) -> list[SparseTria
                 errors[name] = (out_x - memories[:, 0]).norm(dim=-1)
                 support[name] = inside if inside is not None else torch.zeros(t, dtype=torch.bool)
                 kept[name] = k
-        out.append(SparseTrials(size, beta, rho, m, errors, support, kept, gap, r))
+        delta = memory_separation(memories)[:, 0]
+        out.append(SparseTrials(size, beta, rho, m, errors, support, kept, gap, r, delta))
     return out
+
+
+@dataclass
+class BoundTally:
+    """Trials of a bound ``error <= bound`` on memories of norm at most ``m``: how many, how many
+    violate it (beyond rounding), how many bounds are non-vacuous (``< 2m``, the largest possible
+    error) and the worst slack ``(bound - error) / 2m``."""
+
+    count: int = 0
+    violations: int = 0
+    nonvacuous: int = 0
+    margin: float = math.inf
+
+    def add(self, error: Tensor, bound: Tensor, m: float) -> None:
+        """One batch of trials: ``error`` and ``bound`` ``(T,)``."""
+        if error.numel() == 0:
+            return
+        self.count += int(error.numel())
+        self.violations += int((error > bound * (1 + 1e-12) + 1e-12).sum())
+        self.nonvacuous += int((bound < 2 * m).sum())
+        self.margin = min(self.margin, float(((bound - error) / (2 * m)).min()))
+
+
+def target_kept(trials: list[SparseTrials]) -> Iterator[tuple[SparseTrials, str, Tensor]]:
+    """``(group, model, µ ∈ 𝓜 (T,))`` for the models whose support may hold the target: Top-K,
+    target-forced random masks and dense (masks free to drop it are left out)."""
+    for group in trials:
+        for name in group.errors:
+            if not (name.startswith("random") and not name.endswith("forced")):
+                yield group, name, group.in_support[name]
 
 
 def check_theorem_41(trials: list[SparseTrials]) -> list[Check]:
     """Theorem 4.1: ``‖T(x) - ξ_µ‖ <= m(M+k-2)exp(-βΔ̃_µ)`` whenever ``µ ∈ 𝓜`` (Top-K, forced masks)."""
-    count = violations = nonvacuous = 0
-    margin = math.inf
-    for group in trials:
-        for name, error in group.errors.items():
-            inside = group.in_support[name]
-            if name.startswith("random") and not name.endswith("forced"):
-                continue
-            k = group.kept[name]
-            bound = group.radius * (group.size + k - 2) * torch.exp(-group.beta * group.gap)
-            ok = error <= bound * (1 + 1e-12) + 1e-12
-            count += int(inside.sum())
-            violations += int((~ok & inside).sum())
-            nonvacuous += int(((bound < 2 * group.radius) & inside).sum())
-            if bool(inside.any()):
-                margin = min(margin, float(((bound - error) / (2 * group.radius))[inside].min()))
+    tally = BoundTally()
+    for group, name, inside in target_kept(trials):
+        k = group.kept[name]
+        bound = group.radius * (group.size + k - 2) * torch.exp(-group.beta * group.gap)
+        tally.add(group.errors[name][inside], bound[inside], group.radius)
     return [
         Check(
             "Nonparametric Thm 4.1",
             "‖T_sparse(x) - ξ_µ‖ <= m(M+k-2)exp(-βΔ̃_µ) for µ ∈ 𝓜 (Top-K, forced masks, dense)",
             "theorem",
-            f"every trial with µ ∈ 𝓜; bound non-vacuous (< 2m) in {nonvacuous} of them",
-            count,
-            violations,
-            margin,
+            f"every trial with µ ∈ 𝓜; bound non-vacuous (< 2m) in {tally.nonvacuous} of them",
+            tally.count,
+            tally.violations,
+            tally.margin,
         )
     ]
+
+
+def one_step_bound(size: int, m: float, delta: Tensor, distance: Tensor, beta: float) -> Tensor:
+    """Corollary 4.1.2's bound ``2m(M-1)exp(-β(Δ_µ - 2m‖x - ξ_µ‖))``, shape of ``delta``.
+
+    The corollary takes Ramsauer et al.'s Theorem 4 through Corollary 4.1.1; the paper writes
+    ``max_{x∈S_µ}‖x - ξ_µ‖`` (= R), Ramsauer ``max{‖x - ξ_µ‖, ‖x*_µ - ξ_µ‖}``, where this
+    takes the query's own ``‖x - ξ_µ‖`` (``distance``): the smallest of the three, so a trial
+    that meets this form meets the printed ones. It holds for sparse retrieval without the
+    heuristic Corollary 4.1.1: ``‖T(x) - ξ_µ‖ <= 2m(1 - p_µ) <= 2m(k-1)exp(-βΔ̃_µ)`` and
+    ``Δ̃_µ >= Δ_µ - 2m‖x - ξ_µ‖`` (Cauchy-Schwarz).
+    """
+    return 2 * m * (size - 1) * torch.exp(-beta * (delta - 2 * m * distance))
+
+
+ONE_STEP_SEED = 85  # offset of Cor. 4.1.2's well-separated draws (the other rows keep theirs)
+
+
+def _one_step_well_separated(config: Config, tally: BoundTally) -> None:
+    """Cor. 4.1.2 on well-separated memories (:func:`well_separated`, norm 1), where its bound is
+    far from vacuous: ``boundary_points`` queries ``ξ_µ + rδ`` per memory (``r`` uniform in
+    ``[0, R]``, ``δ`` a unit direction), one Top-K step (K ∈ {1, 2, 5}) and one dense step."""
+    generator = torch.Generator().manual_seed(config.seed + ONE_STEP_SEED)
+    d = max(config.sparse_dim, max(config.separation_sizes) + 2)
+    angle = math.radians(config.separation_angle_deg)
+    for size, beta in _grid(config.separation_sizes, config.separation_betas):
+        target = torch.arange(size).repeat_interleave(config.boundary_points)
+        for _ in range(config.trials):
+            memories = well_separated(generator, size, d, angle)
+            m = float(memories.norm(dim=-1).max())
+            distance = float(separation_radius(memories)) * torch.rand(
+                target.numel(), generator=generator, dtype=DTYPE
+            )
+            x = memories[target] + distance[:, None] * sphere(generator, target.numel(), d)
+            scores = x @ memories.T
+            rank = (scores > scores.gather(1, target[:, None])).sum(-1)
+            bound = one_step_bound(size, m, memory_separation(memories)[target], distance, beta)
+            for k in sorted({1, 2, 5, size} & set(range(1, size + 1))):
+                structure = None if k == size else TopK(k)
+                out = one_step(x[None], memories[None], beta, Softmax(), structure)[0]
+                inside = rank < k
+                error = (out - memories[target]).norm(dim=-1)
+                tally.add(error[inside], bound[inside], m)
+
+
+def check_corollary_412(config: Config, trials: list[SparseTrials]) -> Check:
+    """Corollary 4.1.2: one sparse step's error is exponentially suppressed by ``Δ_µ``
+    (:func:`one_step_bound`), on the §12.2 A trials (random memories on a sphere, where the
+    bound is mostly vacuous) and on well-separated memories (where it is not)."""
+    tally = BoundTally()
+    for group, name, inside in target_kept(trials):
+        bound = one_step_bound(
+            group.size, group.radius, group.delta, group.rho * group.separation, group.beta
+        )
+        tally.add(group.errors[name][inside], bound[inside], group.radius)
+    _one_step_well_separated(config, tally)
+    return Check(
+        "Nonparametric Cor. 4.1.2",
+        "‖T_sparse(x) - ξ_µ‖ <= 2m(M-1)exp(-β(Δ_µ - 2m‖x - ξ_µ‖)) for x ∈ S_µ, µ ∈ 𝓜 (one step)",
+        "theorem",
+        "every trial with µ ∈ 𝓜 (Top-K, forced masks, dense; random and well-separated "
+        f"memories); bound non-vacuous (< 2m) in {tally.nonvacuous} of them",
+        tally.count,
+        tally.violations,
+        tally.margin,
+    )
 
 
 def check_sparse_trends(trials: list[SparseTrials]) -> list[Check]:
@@ -733,12 +850,7 @@ def check_well_separated(config: Config, generator: torch.Generator) -> list[Che
         for _ in range(config.trials):
             memories = well_separated(generator, size, d, angle)
             r = float(separation_radius(memories))
-            gram = memories @ memories.T
-            delta = (
-                (gram.diagonal()[:, None] - gram)
-                .masked_fill(torch.eye(size, dtype=torch.bool), math.inf)
-                .amin(-1)
-            )
+            delta = memory_separation(memories)
             for k in ks:
                 threshold = separation_threshold(beta, size, k, 1.0, r)
                 thresholds.append((k, threshold))
@@ -1032,18 +1144,22 @@ def _run(config: Config, ctx: RunContext) -> Results:
         checks.extend(stage())
     trials = sparse_trials(config, generator)
     checks.extend(check_theorem_41(trials))
+    checks.append(check_corollary_412(config, trials))
     checks.extend(check_sparse_trends(trials))
     checks.extend(check_well_separated(config, generator))
     prop_checks, capacity_table = check_proposition_41(config)
     checks.extend(prop_checks)
     checks.extend(check_convergence_random(config, generator))
-    # Nonparametric §3 (SVR) and OutEffHop Thm 3.4: own generators, the rows above keep theirs.
+    # Nonparametric §3 (SVR), OutEffHop Thm 3.4, App. B.1 and §4.1, Hyper-SET: own generators,
+    # the rows above keep theirs.
     from hopfield.experiments.theory_generalization import generalization_checks
+    from hopfield.experiments.theory_hyperset import hyperset_checks
+    from hopfield.experiments.theory_outliers import outlier_checks
     from hopfield.experiments.theory_svr import svr_checks
 
     svr, svr_table = svr_checks(config)
     generalization, generalization_table = generalization_checks(config)
-    checks += svr + generalization
+    checks += svr + generalization + outlier_checks(config) + hyperset_checks(config)
     table = Table(
         "Theory checks",
         COLUMNS,
@@ -1086,10 +1202,12 @@ def _run(config: Config, ctx: RunContext) -> Results:
 register(
     Experiment(
         name="theory",
-        summary="numeric checks of the OutEffHop and nonparametric Hopfield theorems (pass/fail)",
+        summary="numeric checks of the OutEffHop, nonparametric Hopfield and Hyper-SET theorems "
+        "(pass/fail)",
         presets=PRESETS,
         run=run,
-        paper="OutEffHop Lemma 2.1, Thms 3.1-3.4, Cor. 3.2.1, Lemma C.6; Nonparametric Thms 3.1, "
-        "3.2, 4.1, Lemma 3.1, Def. 3.2, Cor. 4.1.1/4.1.3, Lemma 4.1, Prop. 4.1",
+        paper="OutEffHop Lemma 2.1, Thms 3.1-3.4, Cor. 3.2.1, Lemma C.6, App. B.1, §4.1; "
+        "Nonparametric Thms 3.1, 3.2, 4.1, Lemma 3.1, Def. 3.2, Cor. 4.1.1-4.1.3, Lemma 4.1, "
+        "Prop. 4.1; Hyper-SET Eqs. 7, 10, Tables 18-19, §3, §3.3",
     )
 )
