@@ -62,11 +62,27 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
         "hyperset-sudoku", "tiny", tmp_path, progress=False, overrides={"ablations": "[]"}
     )
     assert json.loads((tmp_path / "hyperset-sudoku" / "runs.json").read_text()) == runs
+    # each run is seeded by its model's name: a subset in another order trains the same runs
+    subset = {"models": '["et"]', "ablations": '["fixed-0.1"]'}
+    run_experiment("hyperset-sudoku", "tiny", tmp_path / "subset", progress=False,
+                   overrides=subset)  # fmt: skip
+    alone = runs_of(tmp_path / "subset", "hyperset-sudoku")
+    assert list(alone) == ["et", "fixed-0.1"]
+    assert {n: _untimed(r) for n, r in alone.items()} == {n: _untimed(runs[n]) for n in alone}
 
 
 def runs_of(out: Path, name: str) -> dict:
     """The ``runs.json`` of experiment ``name`` below ``out``."""
     return json.loads((out / name / "runs.json").read_text())
+
+
+def _untimed(record: dict) -> dict:
+    """A model's ``runs.json`` record without its wall-clock times (in the record and in each
+    epoch) and the configuration: what two runs of the same model and seed must share."""
+    kept = {k: v for k, v in record.items() if k != "seconds"}
+    kept["epochs"] = [{k: v for k, v in e.items() if k != "seconds"} for e in record["epochs"]]
+    kept["identity"] = {k: v for k, v in record["identity"].items() if k != "config"}
+    return kept
 
 
 #: The tiny image preset with one model (Hyper-SET: 2 steps of 64 images).
@@ -112,7 +128,7 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
     et_row = next(row for row in main["rows"] if row[0] == "et")
     assert et_row[4:] == [0.91, 75.98, 52.50, 40.40] and 0.0 <= et_row[2] <= 100.0
     assert metrics["hyperset-scaleup-lora2_params"] > metrics["hyperset-scaleup_params"]
-    # App. F.3 (Figs. 13-14): the four models, appended after the others with their own seeds
+    # App. F.3 (Figs. 13-14): the four models, appended after the others
     contrast = tables[
         "Subspace separation: Hyper-SET vs shared-QKV Transformers (App. F.3, Figs. 13-14)"
     ]
@@ -129,15 +145,18 @@ def test_images_tiny_runs(tmp_path: Path) -> None:
     per_head = tables["Effective rank and angle per subspace along the iterations (Figs. 13-14)"]
     assert per_head["columns"][2:] == ["erank h0", "erank h1", "angle h0 °", "angle h1 °"]
     assert len(per_head["rows"]) == 4 * 3
-    # the appended runs have their own seeds: without the other models they are the same runs
-    alone = {**ONE_MODEL, "contrast": "true"}
-    again = run_experiment("hyperset-images", "tiny", tmp_path / "alone", progress=False,
-                           overrides=alone)  # fmt: skip
-    alone_metrics = json.loads(again.read_text())["results"]["metrics"]
-    assert [n for n in runs_of(tmp_path / "alone", "hyperset-images")] == models
+    # each run is seeded by its model's name: a subset of the models, in another order and
+    # without the ablations, trains the same runs (the contrast's with them)
+    subset = {**ONE_MODEL, "models": '["et", "transformer"]', "contrast": "true"}
+    again = run_experiment("hyperset-images", "tiny", tmp_path / "subset", progress=False,
+                           overrides=subset)  # fmt: skip
+    subset_metrics = json.loads(again.read_text())["results"]["metrics"]
+    alone = runs_of(tmp_path / "subset", "hyperset-images")
+    assert list(alone) == ["et", "transformer", *models]
+    assert {n: _untimed(r) for n, r in alone.items()} == {n: _untimed(runs[n]) for n in alone}
     contrast_keys = [k for k in metrics if k.startswith("contrast_")]
     assert len(contrast_keys) == 8
-    assert {k: alone_metrics[k] for k in contrast_keys} == {k: metrics[k] for k in contrast_keys}
+    assert {k: subset_metrics[k] for k in contrast_keys} == {k: metrics[k] for k in contrast_keys}
     evolution = tables["Token evolution of one test image (Fig. 1)"]
     assert [row[0] for row in evolution["rows"]] == [0, 1, 2]
     figures = record["results"]["figures"]

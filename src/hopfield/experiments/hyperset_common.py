@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -40,6 +41,7 @@ __all__ = [
     "fraction_non_increasing",
     "head_statistics",
     "linear_slope",
+    "name_seed",
     "run_folder",
     "run_identity",
     "subspace_trajectory",
@@ -76,11 +78,19 @@ def cosine_lr(epoch: int, epochs: int, peak: float, floor: float, warmup: int = 
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * (epoch - warmup) / span))
 
 
+def name_seed(name: str) -> int:
+    """The seed index of the run of model ``name``: the CRC-32 of its UTF-8 bytes, in
+    ``[0, 2**32)``. It depends on the name alone, so a model's run is the same whichever other
+    models a preset lists and in whatever order."""
+    return zlib.crc32(name.encode("utf-8"))
+
+
 def run_identity(config: Any, loops: Sequence[str], ctx: RunContext, **run: Any) -> dict[str, Any]:
     """What defines one model's run: the fields of the dataclass ``config`` but the outer
     ``loops`` (which models to train, thread counts), the precision, and ``run`` (the model's
-    name, its index (which seeds it), where the data come from). A model appended to the lists
-    of a preset therefore leaves the runs of the others reusable."""
+    name, what seeds it, where the data come from). When a run is seeded by its model's name
+    (:func:`name_seed`), adding a model to the lists of a preset or removing one leaves the runs
+    of the others reusable."""
     fields = {k: v for k, v in asdict(config).items() if k not in loops}
     return {"config": fields, "mixed_precision": ctx.mixed_precision or "no", **run}
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,7 @@ from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
     energy_trend_metrics,
+    name_seed,
     run_identity,
     subspace_trajectory,
     threads_limited,
@@ -173,6 +174,7 @@ PRESETS = {
         dataset="digits", grid=4, d_model=64, num_heads=4, scaleup_d_model=96,
         scaleup_num_heads=4, iterations=12, time_frequency=64, epochs=12, batch_size=128,
         warmup_epochs=2, crop_padding=1, flip=False,
+        models=("hyperset", "hyperset-scaleup", "transformer", "et"),
         ablations=("attention-sigmoid", "fixed-0.1"),
         layer_splits=(2,), lora_ranks=(4,), analysis_size=360, eval_batch_size=360,
         contrast=True,
@@ -194,9 +196,6 @@ LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threa
 #: App. F.3 (Figs. 13-14): Hyper-SET, with fixed step size 0.1, the shared-QKV Transformer and
 #: that Transformer with the attention update's sign reversed, trained with the same recipe.
 CONTRAST = ("hyperset", "hyperset+fixed-0.1", "shared-qkv", "shared-qkv-reversed")
-#: The seed index of a model ``contrast`` appends is ``CONTRAST_SEED`` plus its place in
-#: :data:`CONTRAST`, so the contrast runs are the same whichever other models a run lists.
-CONTRAST_SEED = 1000
 
 
 #: ImageNet-100 (:mod:`hopfield.data.imagenet100`): side of the cached images, the usual
@@ -515,27 +514,16 @@ def _model_names(config: Config) -> list[str]:
     return names
 
 
-def _seed_index(config: Config, index: int, name: str) -> int:
-    """What seeds model ``name``, the ``index``-th of :func:`_model_names`: its position, or for
-    a model appended by ``contrast`` :data:`CONTRAST_SEED` plus its place in :data:`CONTRAST`."""
-    if index < len(_model_names(replace(config, contrast=False))):
-        return index
-    return CONTRAST_SEED + CONTRAST.index(name)
-
-
 def _run(config: Config, ctx: RunContext) -> Results:
     data = _data(config, ctx)
     results = train_or_reuse(
         ctx,
         _model_names(config),
-        lambda index, name: run_identity(
-            config, LOOPS, ctx, model=name, index=_seed_index(config, index, name),
-            data=data.source,
+        lambda _, name: run_identity(
+            config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=data.source
         ),
-        lambda index, name, identity: _train(
-            config, ctx, data, _seed_index(config, index, name), name, identity
-        ),
-    )  # fmt: skip
+        lambda _, name, identity: _train(config, ctx, data, name, identity),
+    )
     analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
     if config.contrast:
@@ -551,12 +539,14 @@ def _run(config: Config, ctx: RunContext) -> Results:
 
 
 def _train(
-    config: Config, ctx: RunContext, data: _Images, index: int, name: str, identity: Any
+    config: Config, ctx: RunContext, data: _Images, name: str, identity: Any
 ) -> dict[str, Any]:
-    """Train model ``name`` (seeded by ``index``) and test it: its record for ``runs.json`` (with
-    the Figs. 5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the
-    per-subspace trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
+    """Train model ``name`` (seeded by its name, :func:`name_seed`) and test it: its record for
+    ``runs.json`` (with the Figs. 5-6 trajectories and the Fig. 1 token evolution for
+    ``"hyperset"``, and the per-subspace trajectories of Figs. 13-14 for the models of
+    :data:`CONTRAST`)."""
     _, channels, size, _ = data.x_train.shape
+    index = name_seed(name)
     torch.manual_seed(config.seed * 1000 + index)
     model = build(config, name, size, channels, data.num_classes)
     trained = train_model(

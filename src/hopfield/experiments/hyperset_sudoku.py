@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from hopfield.experiments.hyperset_common import (
     cosine_lr,
     device_of,
     energy_trend_metrics,
+    name_seed,
     run_identity,
     threads_limited,
     train_model,
@@ -137,7 +137,7 @@ PRESETS = {
     "small": Config(
         min_givens=36, max_givens=45, train_size=1500, test_size=300, d_model=48, num_heads=4,
         ff_ratio=2.0, iterations=8, time_frequency=48, epochs=12, batch_size=50, lr=3e-3,
-        ablations=("fixed-0.1",), eval_every=2, eval_size=300, analysis_size=128,
+        models=("hyperset", "transformer", "et"), ablations=("fixed-0.1",), eval_every=2, eval_size=300, analysis_size=128,
     ),
     "paper": Config(dataset="rrn-hard", models=("hyperset", "transformer", "et", "crate"),
                     ablations=("fixed-0.1", "fixed-0.5"), threads=0),
@@ -335,8 +335,10 @@ def _run(config: Config, ctx: RunContext) -> Results:
     results = train_or_reuse(
         ctx,
         [*config.models, *config.ablations],
-        lambda index, name: run_identity(config, LOOPS, ctx, model=name, index=index, data=source),
-        partial(_train, config, ctx, data, max(counts)),
+        lambda _, name: run_identity(
+            config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=source
+        ),
+        lambda _, name, identity: _train(config, ctx, data, max(counts), name, identity),
     )
     report = _report(config, ctx, results, counts, float(givens.mean()))
     if source.startswith("STAND-IN"):
@@ -349,13 +351,14 @@ def _train(
     ctx: RunContext,
     data: _Puzzles,
     horizon: int,
-    index: int,
     name: str,
     identity: Any,
 ) -> dict[str, Any]:
-    """Train model ``name`` (the ``index``-th) and test it up to ``horizon`` iterations: its
-    record for ``runs.json`` (with the Figs. 5-6 trajectories for ``"hyperset"``)."""
+    """Train model ``name`` (seeded by its name, :func:`name_seed`) and test it up to ``horizon``
+    iterations: its record for ``runs.json`` (with the Figs. 5-6 trajectories for
+    ``"hyperset"``)."""
     L = config.iterations
+    index = name_seed(name)
     torch.manual_seed(config.seed * 1000 + index)
     model = build(config, name)
     eval_p, eval_s = data.test_p[: config.eval_size], data.test_s[: config.eval_size]
