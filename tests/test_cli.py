@@ -102,9 +102,24 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, registered: A
     registered("test-resume", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         run_experiment("test-resume", "tiny", tmp_path, progress=False)
+    unfinished = tmp_path / "test-resume" / "sittings.json"
+    stopped = json.loads(unfinished.read_text())["sittings"]
+    assert [s["outcome"] for s in stopped] == ["stopped"]
     path = run_experiment("test-resume", "tiny", tmp_path, progress=False)
-    rows = json.loads(path.read_text())["results"]["tables"][0]["rows"]
-    assert rows == [[0], [1], [2], [3]]
+    record = json.loads(path.read_text())
+    assert record["results"]["tables"][0]["rows"] == [[0], [1], [2], [3]]
+    # The record's times cover both sittings, and the unfinished run's file is gone.
+    assert [s["outcome"] for s in record["sittings"]] == ["stopped", "finished"]
+    assert record["sittings"][0] == stopped[0]
+    assert record["started_at"] == stopped[0]["started_at"]
+    assert record["wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in record["sittings"]))
+    assert record["cpu_time_s"] == pytest.approx(sum(s["cpu_time_s"] for s in record["sittings"]))
+    assert not unfinished.exists()
+    # Continuing the finished run adds a sitting; a run of other settings starts afresh.
+    again = json.loads(run_experiment("test-resume", "tiny", tmp_path, progress=False).read_text())
+    assert [s["outcome"] for s in again["sittings"]] == ["stopped", "finished", "finished"]
+    other = run_experiment("test-resume", "tiny", tmp_path, seed=7, progress=False)
+    assert [s["outcome"] for s in json.loads(other.read_text())["sittings"]] == ["finished"]
 
 
 def test_tables_and_statistics() -> None:

@@ -24,6 +24,9 @@ from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import process_layout
 
 RESULTS_FILE = "results.json"
+#: Beside an unfinished run: the sittings it has had so far (each stopped or failed sitting adds
+#: one); the finished record carries the list and the totals instead.
+SITTINGS_FILE = "sittings.json"
 
 
 def versions() -> dict[str, str]:
@@ -241,6 +244,29 @@ def check_run_folder(
     return old
 
 
+def earlier_sittings(folder: Path, planned: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sittings (``started_at``, ``wall_time_s``, ``cpu_time_s``, ``outcome``) that the run
+    of settings ``planned`` in ``folder`` has had: those of its unfinished sittings
+    (:data:`SITTINGS_FILE`), else those of its finished record (a record written before
+    sittings were kept counts as one). Sittings of other settings do not count."""
+    now = _as_json(_settings(planned))
+    unfinished = folder / SITTINGS_FILE
+    try:
+        kept = json.loads(unfinished.read_text())
+        if isinstance(kept, dict) and {k: kept.get(k) for k in now} == now:
+            return list(kept["sittings"])
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        old = load_record(folder / RESULTS_FILE)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict) or _as_json(_settings(old)) != now:
+        return []
+    keys = ("started_at", "wall_time_s", "cpu_time_s")
+    return list(old.get("sittings") or [{**{k: old.get(k) for k in keys}, "outcome": "finished"}])
+
+
 def run_experiment(
     name: str,
     preset: str,
@@ -312,16 +338,32 @@ def run_experiment(
         stand_in_data=stand_in_data,
     )
     seed_everything(int(getattr(config, "seed", 0)))
+    earlier = [] if replaced is not None else earlier_sittings(context.out_dir, planned)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0, cpu0 = time.perf_counter(), time.process_time()
+
+    def sitting(outcome: str) -> dict[str, Any]:
+        return {
+            "started_at": started,
+            "wall_time_s": time.perf_counter() - t0,
+            "cpu_time_s": time.process_time() - cpu0,
+            "outcome": outcome,
+        }
+
     try:
         results = experiment.run(config, context)
-    except KeyboardInterrupt as stop:
-        if isinstance(stop, RunInterrupted):
-            raise
-        raise RunInterrupted(context.out_dir) from stop
+    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
+        raise
+    except (KeyboardInterrupt, Exception) as stop:
+        outcome = "stopped" if isinstance(stop, KeyboardInterrupt) else "failed"
+        kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
+        context.save_json(SITTINGS_FILE, kept)
+        if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
+            raise RunInterrupted(context.out_dir) from stop
+        raise
     if not isinstance(results, Results):
         raise TypeError(f"experiment {name!r} returned {type(results).__name__}, expected Results")
+    sittings = [*earlier, sitting("finished")]
     record = {
         "experiment": name,
         "paper": experiment.paper,
@@ -330,9 +372,11 @@ def run_experiment(
         "overrides": planned["overrides"],
         "seed": getattr(config, "seed", None),
         "versions": versions(),
-        "started_at": started,
-        "wall_time_s": time.perf_counter() - t0,
-        "cpu_time_s": time.process_time() - cpu0,  # this process, all its threads
+        "started_at": sittings[0]["started_at"],
+        # Over every sitting; CPU time of the main process, all its threads.
+        "wall_time_s": sum(s["wall_time_s"] for s in sittings),
+        "cpu_time_s": sum(s["cpu_time_s"] for s in sittings),
+        "sittings": sittings,
         "processes": context.processes,
         "mixed_precision": mixed_precision,
         "limits": {
@@ -343,6 +387,8 @@ def run_experiment(
         "results": results.to_dict(),
     }
     path = context.save_json(RESULTS_FILE, record)
+    if context.is_main_process:
+        (context.out_dir / SITTINGS_FILE).unlink(missing_ok=True)
     if state is not None:
         state.wait_for_everyone()  # nobody leaves while the main process still writes
     return path
