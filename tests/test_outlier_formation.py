@@ -469,3 +469,24 @@ def test_reduction_rows_pair_the_seeds_with_a_t_test() -> None:
         {"softmax": base[:1], "gated": ours[:1]},
     )
     assert single[5:] == ["–", "–"]
+
+
+def test_the_recipe_comparison_records_the_quantizer_ablation(tmp_path: Path) -> None:
+    overrides = {
+        "variants": '["softmax"]',
+        "seeds": "[0]",
+        "grid": '{"steps": [4]}',
+        "ablation": "true",
+    }
+    path = run_experiment(
+        "outlier-formation", "tiny", tmp_path, overrides=overrides, progress=False
+    )
+    results = _record(path)
+    table = next(t for t in results["tables"] if t["name"].startswith("Quantizer ablation"))
+    run = json.loads((path.parent / "compare.json").read_text())["runs"]["softmax/seed0"]
+    kinds = list(run["ablation"])
+    assert table["columns"] == ["arm", "variant", *kinds]
+    assert [row[:2] for row in table["rows"]] == [["the recipe", "Vanilla"]]
+    expected = [100 * (run["ablation"][k] / run["fp_ppl"] - 1) for k in kinds]
+    assert table["rows"][0][2:] == pytest.approx(expected)
+    assert run["ablation"]["all"] == pytest.approx(run["w8a8_ppl"])

@@ -55,6 +55,7 @@ __all__ = [
     "Endpoint",
     "Gate",
     "GateRule",
+    "ablation_table",
     "arm_config",
     "endpoints",
     "gate",
@@ -380,7 +381,7 @@ def _report(
     for name, runs in trained.items():
         results.tables.extend(_compare_tables(runs, where=f"in arm {name}"))
     if config.ablation:
-        results.tables.append(_ablation_table(trained))
+        results.tables.append(ablation_table(trained))
     for name in arms:
         results.notes.append(_conclusion(name, gates[name], comparisons[name]))
         results.metrics[f"{name}/gate_passed"] = float(gates[name].passed)
@@ -507,7 +508,10 @@ def _endpoint_table(
     )
 
 
-def _ablation_table(trained: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> Table:
+def ablation_table(trained: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> Table:
+    """The quantizer ablation (:func:`hopfield.outliers.quantizer_ablation`) of every variant of
+    every arm in ``trained`` (arm -> variant -> runs over seeds), as W8A8 cost % of the mean FP
+    perplexity."""
     kinds: list[str] = []
     rows = []
     for name, runs in trained.items():

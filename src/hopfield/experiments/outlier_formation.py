@@ -1346,6 +1346,10 @@ def _run(config: Config, ctx: RunContext) -> Results:
     if "softmax" in compared:
         results.notes.append(_seed_robustness(compared["softmax"], recipe, results.metrics))
     results.tables.extend(_compare_tables(compared))
+    if recipe.ablation:
+        from hopfield.experiments.outlier_decisive import ablation_table
+
+        results.tables.append(ablation_table({"the recipe": compared}))
     results.figures.append(_curve_figure(compared, recipe, ctx))
     results.metrics["recipe_gflop"] = training_gflop(recipe)
     return results
