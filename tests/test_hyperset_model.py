@@ -196,6 +196,30 @@ def test_fused_bisoftmax_gradcheck(symmetric: bool, e: int, fused_path: str) -> 
         torch.autograd.grad(grad.sum(), inputs[0])
 
 
+def test_fused_bisoftmax_with_more_keys_than_queries_and_no_tokens(fused_path: str) -> None:
+    """Separate roles with 7 queries and 11 keys match the explicit form in values and
+    gradients; no tokens at all give empty outputs and gradients on both fused paths."""
+    g = torch.Generator().manual_seed(3)
+    zq, zk, zv = (
+        torch.randn(2, 3, n, 5, generator=g, dtype=D64).requires_grad_(True) for n in (7, 11, 11)
+    )
+    fast = attention_operator(zq, zk, zv, fused=True)
+    slow = attention_operator(zq, zk, zv, fused=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn_like(fast)
+    for a, b in zip(
+        torch.autograd.grad(fast, (zq, zk, zv), cotangent),
+        torch.autograd.grad(slow, (zq, zk, zv), cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    for symmetric in (True, False):
+        empty = torch.randn(2, 3, 0, 5, dtype=D64, requires_grad=True)
+        out = attention_operator(empty, empty, empty, symmetric=symmetric, fused=True)
+        (grad,) = torch.autograd.grad(out.sum(), empty)
+        assert out.shape == grad.shape == empty.shape
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_flash_bisoftmax_gradients_of_partly_zero_cotangents(symmetric: bool) -> None:
     """Rows with zero, subnormal or tiny output gradients (a loss on some tokens only) get the

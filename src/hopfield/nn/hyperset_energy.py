@@ -159,8 +159,10 @@ def attention_operator(
 
 #: Fewest tokens for which ``attention_operator(fused=None)`` takes the fused bi-softmax. Forward +
 #: backward, fp32, 2 CPU threads, 4096 tokens a batch, 4 heads of 64, fused ÷ explicit: 2.1 at
-#: N = 128, 1.8 at 256, 0.9 at 512, 0.77 at 1024, 0.67 at 2048 (the fused path makes more,
-#: slower kernel calls; it wins once the N × N tensors outgrow the caches).
+#: N = 128, 1.8 at 256, 0.9 at 512, 0.77 at 1024, 0.67 at 2048 with the padded SDPA calls; 1.4
+#: at 128 and 256, 1.0 at 512, 0.79 at 1024, 0.74 at 2048 with the flash path (one run on the
+#: loaded machine). The fused path makes more, slower kernel calls; it wins once the N × N
+#: tensors outgrow the caches.
 FUSED_MIN_TOKENS = 512
 
 
@@ -292,10 +294,14 @@ _FLASH_DTYPES = (torch.float32, torch.float64)
 
 def _flash_applies(zq: Tensor, zk: Tensor, zv: Tensor) -> bool:
     """Whether :class:`_FlashBisoftmax` serves these projections: the CPU flash kernel (it returns
-    the row log-sum-exp and takes it back in its backward pass) with equal head widths, in
-    float32 or float64 (the lower precisions keep the padded SDPA path)."""
+    the row log-sum-exp and takes it back in its backward pass) on ``(B, H, N, p)`` tensors with
+    equal head widths and at least one query and key, in float32 or float64 (the others keep the
+    padded SDPA path)."""
     return (
         zq.device.type == "cpu"
+        and zq.dim() == zk.dim() == zv.dim() == 4
+        and zq.shape[-2] > 0
+        and zk.shape[-2] > 0
         and zq.shape[-1] == zk.shape[-1] == zv.shape[-1]
         and zq.dtype in _FLASH_DTYPES
         and zq.dtype == zk.dtype == zv.dtype
@@ -353,7 +359,7 @@ def _lse_backward(
     grad[..., 0] = 1.0
     out = torch.zeros_like(q)
     out[..., 0] = -lse_grad
-    dq, dk, _ = _flash_backward(grad, q, k, torch.zeros_like(q), out, lse, beta)
+    dq, dk, _ = _flash_backward(grad, q, k, torch.zeros_like(k), out, lse, beta)
     return dq, dk
 
 
@@ -400,7 +406,7 @@ class _FlashBisoftmax(torch.autograd.Function):
         beta = ctx.beta
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        no_normaliser = v.new_zeros(v.shape[-1]).expand(v.shape)
+        no_normaliser = v.new_zeros(v.shape[-1]).expand(*q.shape[:-1], v.shape[-1])
         dq, dk, dv = _flash_backward(grad * up, q, k, scaled, no_normaliser, lam_out, beta)
         dv.mul_(down)
         mu_grad = -torch.linalg.vecdot(dv, v)  # scaled_j = v_j e^(m - μ_j)
@@ -478,7 +484,7 @@ def bisoftmax_fused(
     else:
         pad = max(p, e)
         rows = sdpa(_padded(zq, pad), _padded(zk, pad), _padded(zv, pad))[..., :e]
-        ones = zk.new_ones(*zk.shape[:-1], 1)
+        ones = zq.new_ones(*zq.shape[:-1], 1)  # the values of the keys zq
         out = sdpa(_padded(zk, width), _padded(zq, width, sink=p), _padded(ones, width, sink=1))
         lam = torch.log(out[..., :1]) - torch.log(out[..., 1:2])
     out = sdpa(_padded(zq, width, 1.0), _padded(zk, width, lam / -beta, sink=-1), values)
