@@ -16,6 +16,7 @@ from hopfield.models.hyperset import (
     patchify,
     sudoku_model,
 )
+from hopfield.nn import hyperset_energy
 from hopfield.nn.hyperset import (
     CRATELayer,
     HyperSETEncoder,
@@ -143,17 +144,26 @@ def _roles(n: int, p: int = 4, e: int = 4, *, symmetric: bool, shared: bool = Fa
     return zq, zk, torch.randn(2, 3, n, e, generator=g, dtype=D64).requires_grad_(True)
 
 
+@pytest.fixture(params=["flash", "padded"])
+def fused_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both fused paths: the flash kernel at the head width (CPU, equal widths, float32/64) and
+    the padded SDPA calls it falls back to (other devices, other widths and dtypes)."""
+    if request.param == "padded":
+        monkeypatch.setattr(hyperset_energy, "_flash_applies", lambda *args: False)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("beta", [None, 0.7, -0.4])
 @pytest.mark.parametrize(
     ("symmetric", "shared", "e"),
     [(True, True, 4), (True, False, 4), (True, False, 6), (False, False, 4), (False, False, 3)],
 )
 def test_fused_bisoftmax_matches_explicit(
-    symmetric: bool, shared: bool, e: int, beta: float | None
+    symmetric: bool, shared: bool, e: int, beta: float | None, fused_path: str
 ) -> None:
-    """The SDPA form (two or three fused calls, no N x N tensor) equals the explicit bi-softmax
-    in float64, values and gradients, for Q = K = V, Q = K with separate values, and separate
-    roles (the classification code's three norms) with values of another width."""
+    """The fused form (two or three kernel calls, no N x N tensor) equals the explicit
+    bi-softmax in float64, values and gradients, for Q = K = V, Q = K with separate values, and
+    separate roles (the classification code's three norms) with values of another width."""
     zq, zk, zv = _roles(21, e=e, symmetric=symmetric, shared=shared)
     leaves = list({id(t): t for t in (zq, zk, zv)}.values())
     fast = attention_operator(zq, zk, zv, beta=beta, symmetric=symmetric, fused=True)
@@ -167,10 +177,13 @@ def test_fused_bisoftmax_matches_explicit(
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_fused_bisoftmax_gradcheck(symmetric: bool) -> None:
-    """Its padding is an autograd.Function with a hand-written backward: check it numerically.
-    (No second derivative: PyTorch's fused SDPA backward has none; ``fused=False`` has.)"""
-    zq, zk, zv = _roles(5, p=3, e=4, symmetric=symmetric)
+@pytest.mark.parametrize("e", [3, 4])
+def test_fused_bisoftmax_gradcheck(symmetric: bool, e: int, fused_path: str) -> None:
+    """Both fused paths have hand-written backward passes: check them numerically (one-hot
+    cotangents: most rows get no gradient, so the flash path's lse gradient cannot be folded
+    into them and takes its extra call). No second derivative: PyTorch's fused kernels'
+    backward passes have none; ``fused=False`` has."""
+    zq, zk, zv = _roles(5, p=3, e=e, symmetric=symmetric)
     inputs = (zq, zv) if symmetric else (zq, zk, zv)
 
     def fn(*args: torch.Tensor) -> torch.Tensor:
@@ -178,6 +191,54 @@ def test_fused_bisoftmax_gradcheck(symmetric: bool) -> None:
         return bisoftmax_fused(q, k, v, beta=0.6, symmetric=symmetric)
 
     assert torch.autograd.gradcheck(fn, inputs)
+    (grad,) = torch.autograd.grad(fn(*inputs).sum(), inputs[-1], create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(grad.sum(), inputs[0])
+
+
+def test_fused_bisoftmax_with_more_keys_than_queries_and_no_tokens(fused_path: str) -> None:
+    """Separate roles with 7 queries and 11 keys match the explicit form in values and
+    gradients; no tokens at all give empty outputs and gradients on both fused paths."""
+    g = torch.Generator().manual_seed(3)
+    zq, zk, zv = (
+        torch.randn(2, 3, n, 5, generator=g, dtype=D64).requires_grad_(True) for n in (7, 11, 11)
+    )
+    fast = attention_operator(zq, zk, zv, fused=True)
+    slow = attention_operator(zq, zk, zv, fused=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn_like(fast)
+    for a, b in zip(
+        torch.autograd.grad(fast, (zq, zk, zv), cotangent),
+        torch.autograd.grad(slow, (zq, zk, zv), cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    for symmetric in (True, False):
+        empty = torch.randn(2, 3, 0, 5, dtype=D64, requires_grad=True)
+        out = attention_operator(empty, empty, empty, symmetric=symmetric, fused=True)
+        (grad,) = torch.autograd.grad(out.sum(), empty)
+        assert out.shape == grad.shape == empty.shape
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_flash_bisoftmax_gradients_of_partly_zero_cotangents(symmetric: bool) -> None:
+    """Rows with zero, subnormal or tiny output gradients (a loss on some tokens only) get the
+    column normalisers' gradient through the extra call: the gradients equal the explicit
+    ones, and an all-zero cotangent gives zeros, never NaN."""
+    zq, zk, zv = _roles(FUSED_MIN_TOKENS + 3, p=8, e=8, symmetric=symmetric, shared=symmetric)
+    leaves = list({id(t): t for t in (zq, zk, zv)}.values())
+    fast = attention_operator(zq, zk, zv, symmetric=symmetric, fused=True)
+    slow = attention_operator(zq, zk, zv, symmetric=symmetric, fused=False)
+    cotangent = torch.zeros_like(fast)
+    cotangent[:, :, :3] = torch.randn_like(cotangent[:, :, :3])
+    cotangent[:, :, 3] = 1e-160  # squares underflow in float64: not foldable
+    cotangent[:, :, 4] = 4e-300  # subnormal once scaled
+    for grad in (cotangent, torch.zeros_like(fast)):
+        grads_fast = torch.autograd.grad(fast, leaves, grad, retain_graph=True)
+        grads_slow = torch.autograd.grad(slow, leaves, grad, retain_graph=True)
+        for a, b in zip(grads_fast, grads_slow, strict=True):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-13)
 
 
 def test_fused_bisoftmax_is_chosen_when_safe() -> None:

@@ -30,6 +30,7 @@ from typing import Any, Literal, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 AttentionKind = Literal["bisoftmax", "sigmoid", "linear"]
 FeedforwardKind = Literal["relu", "gelu", "softmax", "gated"]
@@ -123,7 +124,7 @@ def attention_operator(
 
     The bi-softmax has two paths with the same values and gradients: the explicit reference
     builds the ``N × N`` scores; the fused path (:func:`bisoftmax_fused`) makes two or three
-    :func:`torch.nn.functional.scaled_dot_product_attention` calls and never holds them.
+    fused attention kernel calls and never holds them.
 
     Args:
         zq, zk, zv: per-head projections ``(B, H, N, p)`` (``zv`` may have another width).
@@ -135,8 +136,8 @@ def attention_operator(
             :func:`bisoftmax_fusable` allows it; ``True`` forces it (bi-softmax only), ``False``
             forces the explicit reference. The sigmoid map is not a softmax and the linear
             energy is already linear in N: both always run explicitly. The fused path has
-            first derivatives only (PyTorch's fused SDPA backward has no derivative of its
-            own); take ``fused=False`` for double backward.
+            first derivatives only (PyTorch's fused kernels' backward passes have no
+            derivative of their own); take ``fused=False`` for double backward.
     """
     _check_kind("kind", kind, ATTENTION_KINDS)
     beta = 1.0 / math.sqrt(zq.shape[-1]) if beta is None else float(beta)
@@ -158,8 +159,10 @@ def attention_operator(
 
 #: Fewest tokens for which ``attention_operator(fused=None)`` takes the fused bi-softmax. Forward +
 #: backward, fp32, 2 CPU threads, 4096 tokens a batch, 4 heads of 64, fused ÷ explicit: 2.1 at
-#: N = 128, 1.8 at 256, 0.9 at 512, 0.77 at 1024, 0.67 at 2048 (the fused path makes more,
-#: slower kernel calls; it wins once the N × N tensors outgrow the caches).
+#: N = 128, 1.8 at 256, 0.9 at 512, 0.77 at 1024, 0.67 at 2048 with the padded SDPA calls; 1.4
+#: at 128 and 256, 1.0 at 512, 0.79 at 1024, 0.74 at 2048 with the flash path (one run on the
+#: loaded machine). The fused path makes more, slower kernel calls; it wins once the N × N
+#: tensors outgrow the caches.
 FUSED_MIN_TOKENS = 512
 
 
@@ -171,7 +174,8 @@ def bisoftmax_fusable(zq: Tensor, zk: Tensor, *, beta: float) -> bool:
     path reads back stays far from underflow: with ``a = β·max‖zq_i‖·max‖zk_j‖ ≥ |A_ij|``, the
     log-normalisers lie within ``2a + log(N + 1)`` of zero, which must stay below ¾ of
     ``-log(finfo.tiny)`` (65 in float32, so ``a ≤ 29``; RMS-normalised projections with unit gains
-    have ``a = √p``).
+    have ``a = √p``). The same bound keeps the flash path's value scaling ``e^(m - μ_j) ≤
+    e^(2a + log N)`` (:class:`_FlashBisoftmax`) far from overflow.
     """
     n = zq.shape[-2]
     if zq.is_meta or zk.is_meta or n < FUSED_MIN_TOKENS or zq.numel() == 0 or zk.numel() == 0:
@@ -285,10 +289,157 @@ def _padded(
     return cast(Tensor, _Padded.apply(x, extra, width, sink))
 
 
+_FLASH_DTYPES = (torch.float32, torch.float64)
+
+
+def _flash_applies(zq: Tensor, zk: Tensor, zv: Tensor) -> bool:
+    """Whether :class:`_FlashBisoftmax` serves these projections: the CPU flash kernel (it returns
+    the row log-sum-exp and takes it back in its backward pass) on ``(B, H, N, p)`` tensors with
+    equal head widths and at least one query and key, in float32 or float64 (the others keep the
+    padded SDPA path)."""
+    return (
+        zq.device.type == "cpu"
+        and zq.dim() == zk.dim() == zv.dim() == 4
+        and zq.shape[-2] > 0
+        and zk.shape[-2] > 0
+        and zq.shape[-1] == zk.shape[-1] == zv.shape[-1]
+        and zq.dtype in _FLASH_DTYPES
+        and zq.dtype == zk.dtype == zv.dtype
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+def _flash(q: Tensor, k: Tensor, v: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """``(softmax(β q kᵀ) v, logsumexp_j β q kᵀ)``: ``(..., N, p)`` and ``(..., N)``."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, scale=beta
+    )
+    return out, lse
+
+
+def _flash_backward(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, beta: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The flash kernel's backward pass: ``(dq, dk, dv)`` of ``out = softmax(β q kᵀ) v`` for the
+    output gradient ``grad``. The kernel reads ``out`` only through ``D_i = grad_i · out_i``
+    (``dS_ij = P_ij (grad_i · v_j - D_i)``), which :func:`_fold_lse_gradient` uses."""
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, False, scale=beta
+    )
+    return dq, dk, dv
+
+
+def _fold_lse_gradient(grad: Tensor, out: Tensor, lse_grad: Tensor) -> tuple[Tensor, Tensor]:
+    """Fold a gradient ``g = ∂L/∂lse`` ``(..., N)`` of the row log-sum-exp into the ``out``
+    ``(..., N, p)`` handed to :func:`_flash_backward` with output gradient ``grad``.
+
+    ``∂lse_i/∂S_ij = P_ij``, so ``g`` adds ``P_ij g_i`` to ``dS_ij``: ``D_i`` becomes
+    ``D_i - g_i``, which ``out_i - (g_i / ‖grad_i‖²) grad_i`` gives (its rounding error is that of
+    ``D_i - g_i`` itself). Rows whose ``‖grad_i‖²`` is zero, subnormal, or too small for
+    ``g_i / ‖grad_i‖`` to stay finite cannot carry ``g_i``: they come back as the residual
+    ``(..., N)`` (zeros elsewhere) for :func:`_lse_backward`. Returns ``(out', residual)``.
+    """
+    info = torch.finfo(grad.dtype)
+    square = torch.linalg.vecdot(grad, grad)
+    foldable = (square >= info.tiny / info.eps) & (
+        lse_grad.abs() <= info.eps * info.max * square.sqrt()
+    )
+    scale = torch.where(foldable, lse_grad / torch.where(foldable, square, 1.0), 0.0)
+    residual = torch.where(foldable, 0.0, lse_grad)
+    return torch.addcmul(out, grad, scale.unsqueeze(-1), value=-1.0), residual
+
+
+def _lse_backward(
+    q: Tensor, k: Tensor, lse: Tensor, lse_grad: Tensor, beta: float
+) -> tuple[Tensor, Tensor]:
+    """``(dq, dk)`` of a gradient ``g = ∂L/∂lse`` ``(..., N)`` alone, in one flash backward call:
+    values 0 (so ``grad_i · v_j = 0``), output gradient ``e_0`` for every row and ``out_i =
+    -g_i e_0`` (so ``D_i = -g_i``) give ``dS_ij = P_ij g_i``."""
+    grad = torch.zeros_like(q)
+    grad[..., 0] = 1.0
+    out = torch.zeros_like(q)
+    out[..., 0] = -lse_grad
+    dq, dk, _ = _flash_backward(grad, q, k, torch.zeros_like(k), out, lse, beta)
+    return dq, dk
+
+
+class _FlashBisoftmax(torch.autograd.Function):
+    """``(softmax(A, -1) + softmax(A, -2)) @ v``, ``A = β q kᵀ``, from the CPU flash kernel at
+    the head width ``p`` (no padded column, no sink key); ``q``, ``k``, ``v`` ``(..., N, p)``.
+
+    Forward: the row term ``R = softmax(A, -1) v`` and its log-normalisers ``λ`` come from one
+    call. The column log-normalisers ``μ_j = logsumexp_i A_ij`` are ``λ`` when ``symmetric``
+    (``A = Aᵀ``), else the log-sum-exp of a call with ``q`` and ``k`` swapped. With a shift
+    ``m = max(max λ, max μ)`` per batch and head, the column term is
+    ``C_i = Σ_j e^(A_ij - μ_j) v_j = e^(λ_i - m) Σ_j P_ij (e^(m - μ_j) v_j)``: one more call on
+    the same scores with the values scaled by ``e^(m - μ)``. Every factor keeps relative
+    precision: ``e^(λ_i - m) ≤ 1``, ``P_ij e^(m - μ_j) ≥ e^(A_ij - μ_j)`` (no new underflow), and
+    ``e^(m - μ_j) ≤ e^(2a + log N)`` with ``a = max |A_ij|`` (bounded by :func:`bisoftmax_fusable`).
+
+    Backward: the flash kernel's backward of each call. ``C_i = Σ_j e^(A_ij - m) (scaled)_j``
+    has no normaliser, so its call takes ``out = 0`` (``D_i = 0``: the gradient through
+    ``e^(λ_i - m)`` cancels the one through the call's own ``λ_i``). The gradient reaching ``μ``
+    through the scaled values, ``-v_j · ∂L/∂v_j`` (column term), goes to the call that made
+    ``μ``: folded into the row call when ``symmetric`` (:func:`_fold_lse_gradient`, rows it
+    cannot carry through :func:`_lse_backward`), else the swapped call's backward
+    (:func:`_lse_backward`). Two calls forward and two backward when ``symmetric``, three and
+    three otherwise. First derivatives only.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, beta: float, symmetric: bool) -> Tensor:
+        rows, lam = _flash(q, k, v, beta)
+        mu = lam if symmetric else _flash(k, q, q, beta)[1]
+        shift = torch.maximum(lam.amax(dim=-1, keepdim=True), mu.amax(dim=-1, keepdim=True))
+        down = torch.exp(shift - mu).unsqueeze(-1)  # (..., N, 1), ≥ 1
+        up = torch.exp(lam - shift).unsqueeze(-1)  # (..., N, 1), ≤ 1
+        scaled = v * down
+        out, lam_out = _flash(q, k, scaled, beta)
+        ctx.beta, ctx.symmetric = beta, symmetric
+        ctx.save_for_backward(q, k, v, rows, lam, mu, scaled, lam_out, down, up)
+        return torch.addcmul(rows, out, up)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, rows, lam, mu, scaled, lam_out, down, up = ctx.saved_tensors
+        beta = ctx.beta
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        no_normaliser = v.new_zeros(v.shape[-1]).expand(*q.shape[:-1], v.shape[-1])
+        dq, dk, dv = _flash_backward(grad * up, q, k, scaled, no_normaliser, lam_out, beta)
+        dv.mul_(down)
+        mu_grad = -torch.linalg.vecdot(dv, v)  # scaled_j = v_j e^(m - μ_j)
+        folded = rows
+        if ctx.symmetric:
+            folded, residual = _fold_lse_gradient(grad, rows, mu_grad)
+        else:
+            dk_mu, dq_mu = _lse_backward(k, q, mu, mu_grad, beta)
+            dq.add_(dq_mu)
+            dk.add_(dk_mu)
+        dq_rows, dk_rows, dv_rows = _flash_backward(grad, q, k, v, folded, lam, beta)
+        dq.add_(dq_rows)
+        dk.add_(dk_rows)
+        dv.add_(dv_rows)
+        if ctx.symmetric and bool(residual.any()):
+            dq_res, dk_res = _lse_backward(q, k, lam, residual, beta)
+            dq.add_(dq_res)
+            dk.add_(dk_res)
+        return dq, dk, dv, None, None
+
+
 def bisoftmax_fused(
     zq: Tensor, zk: Tensor, zv: Tensor, *, beta: float, symmetric: bool = False
 ) -> Tensor:
     """``(softmax(A, -1) + softmax(A, -2)) @ zv`` with ``A = β zq zkᵀ``, never forming ``A``.
+
+    On the CPU, in float32 or float64, with equal widths ``p = e``, this is
+    :class:`_FlashBisoftmax`: calls of PyTorch's CPU flash kernel at the head width, which return
+    the row log-normalisers beside the output (two calls forward and two backward when
+    ``symmetric``, three and three otherwise). Elsewhere (other devices, other widths, lower
+    precisions) it is the padded form below, made of SDPA
+    (:func:`torch.nn.functional.scaled_dot_product_attention`) calls, which return no
+    log-normaliser.
 
     Row term: ordinary attention, ``SDPA(zq, zk, zv)``. Column term: with the column
     log-normalisers ``λ_j = logsumexp_i A_ij``, ``(softmax(A, -2) @ zv)_i = Σ_j e^(A_ij-λ_j) zv_j``,
@@ -316,6 +467,8 @@ def bisoftmax_fused(
     """
     if beta == 0.0:
         raise ValueError("the fused bi-softmax needs beta != 0")
+    if _flash_applies(zq, zk, zv):
+        return cast(Tensor, _FlashBisoftmax.apply(zq, zk, zv, beta, symmetric))
     p, e = zq.shape[-1], zv.shape[-1]
     width = max(p, e) + 1
 
@@ -331,7 +484,7 @@ def bisoftmax_fused(
     else:
         pad = max(p, e)
         rows = sdpa(_padded(zq, pad), _padded(zk, pad), _padded(zv, pad))[..., :e]
-        ones = zk.new_ones(*zk.shape[:-1], 1)
+        ones = zq.new_ones(*zq.shape[:-1], 1)  # the values of the keys zq
         out = sdpa(_padded(zk, width), _padded(zq, width, sink=p), _padded(ones, width, sink=1))
         lam = torch.log(out[..., :1]) - torch.log(out[..., 1:2])
     out = sdpa(_padded(zq, width, 1.0), _padded(zk, width, lam / -beta, sink=-1), values)
