@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,17 +18,24 @@ from hopfield.plan import (
     GPUS,
     GPUS_PER_NODE,
     STATE_BYTES_PER_PARAMETER,
+    LayoutCache,
+    PlanCache,
     TrainingJob,
     estimate,
     gpu_hours,
     measure_step,
     micro_batch_of,
     plan,
+    plan_record_path,
     plan_to_dict,
+    read_plan_record,
     render_markdown,
+    write_plan_record,
 )
 
 META = torch.device("meta")
+ROOT = Path(__file__).resolve().parents[1]
+PLAN_RECORD = ROOT / "results" / "plan" / "paper.json"
 
 
 def _stack(a: int, b: int, c: int) -> nn.Module:
@@ -203,6 +211,63 @@ def test_validity_checks_pass_on_meta_but_data_dependent_shapes_raise() -> None:
         measure_step(Shaped(), torch.randn(3, device=META, requires_grad=True), _sum_loss)
 
 
+def _encoder(device: torch.device) -> nn.Module:
+    with device:
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+        return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+
+
+def test_flops_are_those_of_flop_counter_mode() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(4, 10, 32, device=META)
+    with FlopCounterMode(display=False) as counter:
+        _sum_loss(_encoder(META).train(), x).backward()
+    assert measure_step(_encoder(META).train(), x, _sum_loss).flops == counter.get_total_flops()
+
+
+def test_cached_layouts_change_no_measurement() -> None:
+    """Reused output layouts give the FLOPs and saved bytes of running every meta kernel, also
+    for a second model of the same shapes and for one of other shapes."""
+    layouts = LayoutCache()
+    x = torch.randn(4, 10, 32, device=META)
+    fresh = measure_step(_encoder(META).train(), x, _sum_loss)
+    first = measure_step(_encoder(META).train(), x, _sum_loss, layouts=layouts)
+    assert first == fresh and len(layouts) > 0 and layouts.hits > 0  # three equal layers
+    hits = layouts.hits
+    assert measure_step(_encoder(META).train(), x, _sum_loss, layouts=layouts) == fresh
+    assert layouts.hits > hits
+    longer = torch.randn(4, 17, 32, device=META)
+    assert measure_step(_encoder(META).train(), longer, _sum_loss, layouts=layouts) == (
+        measure_step(_encoder(META).train(), longer, _sum_loss)
+    )
+    assert layouts.functional(torch.ops.aten.mm.default)
+    assert not layouts.functional(torch.ops.aten.add_.Tensor)  # in place
+    assert not layouts.functional(torch.ops.aten.view.default)  # an alias of its input
+    assert not layouts.functional(torch.ops.aten.bernoulli.default)  # random
+
+
+def test_jobs_with_one_cache_key_are_built_once() -> None:
+    built: list[torch.device] = []
+
+    def build(device: torch.device) -> nn.Module:
+        built.append(device)
+        return _stack(16, 32, 4).to(device)
+
+    cache = PlanCache()
+    first = estimate(_linear_job(build_model=build, cache_key="stack"), cache=cache)
+    again = estimate(_linear_job(build_model=build, cache_key="stack", runs=7), cache=cache)
+    assert len(built) == 1 and again.runs == 7
+    assert (again.parameters, again.flops_per_micro_batch, again.activation_bytes) == (
+        first.parameters,
+        first.flops_per_micro_batch,
+        first.activation_bytes,
+    )
+    estimate(_linear_job(build_model=build, cache_key="stack", global_batch=32), cache=cache)
+    estimate(_linear_job(build_model=build), cache=cache)  # no key
+    assert len(built) == 3  # another micro-batch, no key
+
+
 # --- arithmetic ---------------------------------------------------------------------------------
 
 
@@ -318,3 +383,56 @@ def test_cli_prints_markdown_and_json(capsys: pytest.CaptureFixture[str]) -> Non
     for argv in (["plan"], ["plan", "theory", "--all"], ["plan", "theory", "--mfu", "0"]):
         with pytest.raises(SystemExit):
             main(argv)
+
+
+# --- the plan record ----------------------------------------------------------------------------
+
+
+def test_plan_record_round_trip(tmp_path: Path) -> None:
+    results = [plan("mil-bit-pattern", "paper"), plan("theory", "paper")]
+    path = write_plan_record(results, tmp_path, command="hopfield plan x")
+    assert path == plan_record_path(tmp_path, "paper") == tmp_path / "plan" / "paper.json"
+    loaded, command = read_plan_record(path)
+    assert loaded == results and command == "hopfield plan x"
+    assert render_markdown(loaded, command=command) == render_markdown(results, command=command)
+    data = json.loads(path.read_text())
+    assert data["preset"] == "paper" and data["mfu"] == 0.4 and set(data["versions"]) == {
+        "hopfield",
+        "torch",
+    }
+    assert len(path.read_text().splitlines()) < 40 + len(results[0].jobs)  # a line per job
+    with pytest.raises(ValueError, match="one preset"):
+        write_plan_record([results[0], plan("theory", "tiny")], tmp_path, command="x")
+    for broken in ([], {**data, "job_columns": data["job_columns"][1:]}):
+        (tmp_path / "other.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match="not a plan record"):
+            read_plan_record(tmp_path / "other.json")
+
+
+def test_cli_writes_the_plan_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "mil-bit-pattern", "--preset", "small", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    path = tmp_path / "plan" / "small.json"
+    assert f"plan record: {path}" in captured.err
+    (result,), command = read_plan_record(path)
+    assert command == f"hopfield plan mil-bit-pattern --preset small --out {tmp_path}"
+    assert result.experiment == "mil-bit-pattern" and result.preset == "small"
+    assert captured.out == render_markdown([result], command=command)
+
+
+@pytest.mark.skipif(not PLAN_RECORD.is_file(), reason="no committed plan record")
+def test_plan_table_is_rendered_from_the_committed_record() -> None:
+    """docs/plan-table.md is the Markdown of results/plan/paper.json, and the record prices
+    every registered experiment at the paper preset."""
+    results, command = read_plan_record(PLAN_RECORD)
+    assert command == "hopfield plan --all --preset paper --out results"
+    assert [r.experiment for r in results] == [e.name for e in registry.all_experiments()]
+    assert all(r.preset == "paper" for r in results)
+    table = (ROOT / "docs" / "plan-table.md").read_text()
+    assert table == render_markdown(results, command=command), (
+        "docs/plan-table.md is stale: regenerate with "
+        "`hopfield plan --all --preset paper --out results > docs/plan-table.md`"
+    )
+    counts = {(r.experiment, j.name): j.parameters_counted for r in results for j in r.jobs}
+    assert counts["outliers-bert", "bert softmax"] == 108_891_648
+    assert counts["hyperset-mim", "transformer"] == 8_654_848

@@ -239,8 +239,7 @@ def _add_plan_parser(sub: Any) -> None:
     plan.add_argument(
         "--all",
         action="store_true",
-        help="every registered experiment (minutes: stanhop-outliers alone builds 120 models "
-        "of 35M parameters)",
+        help="every registered experiment (a few minutes at the paper preset)",
     )
     plan.add_argument("--preset", default="paper", help="preset to price (default: paper)")
     plan.add_argument(
@@ -249,13 +248,21 @@ def _add_plan_parser(sub: Any) -> None:
     plan.add_argument("--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     plan.add_argument("--jobs", action="store_true", help="one row per job, not per group")
+    plan.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the plan as JSON to DIR/plan/PRESET.json (results/plan/paper.json is "
+        "the committed record the claims ledger reads parameter counts from)",
+    )
 
 
 def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     import json
     import shlex
 
-    from hopfield.plan import plan, plan_to_dict, render_markdown
+    from hopfield.plan import PlanCache, plan, plan_to_dict, render_markdown, write_plan_record
 
     if args.all == (args.name is not None):
         raise UsageError("give an experiment name or --all (not both)")
@@ -269,17 +276,22 @@ def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         if sys.stderr.isatty():
             print(f"\033[2K\rpricing {job}", end="", file=sys.stderr, flush=True)
 
+    cache = PlanCache()  # experiments share models (outliers and outliers-bert) and layers
     results = [
-        plan(n, args.preset, mfu=args.mfu, data_dir=args.data_dir, progress=progress) for n in names
+        plan(n, args.preset, mfu=args.mfu, data_dir=args.data_dir, progress=progress, cache=cache)
+        for n in names
     ]
     if sys.stderr.isatty():
         print("\033[2K\r", end="", file=sys.stderr, flush=True)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = "hopfield " + " ".join(shlex.quote(w) for w in words)
+    if args.out is not None:
+        path = write_plan_record(results, args.out, command=command)
+        print(f"plan record: {path}", file=sys.stderr)
     if args.json:
         dicts = [plan_to_dict(r) for r in results]
         print(json.dumps(dicts if args.all else dicts[0], indent=1))
     else:
-        words = list(sys.argv[1:] if argv is None else argv)
-        command = "hopfield " + " ".join(shlex.quote(w) for w in words)
         print(render_markdown(results, per_job=args.jobs, command=command), end="")
     return 0
 

@@ -10,8 +10,9 @@ experiment's own builders, runs one forward and backward pass of a meta micro-ba
   paper's rounded number stands for, where the paper states one;
 * **examples and tokens per optimiser step**: the global batch, times the sequence length or
   the number of patches where that is meaningful;
-* **training FLOPs**: counted by :class:`torch.utils.flop_counter.FlopCounterMode` over the
-  forward and backward pass of one micro-batch (matrix products, convolutions and attention
+* **training FLOPs**: what :class:`torch.utils.flop_counter.FlopCounterMode` counts (its
+  formulas, applied by :class:`_MeasuringMode`) over the forward and backward pass of one
+  micro-batch (matrix products, convolutions and attention
   kernels: ``2·m·n·k`` per ``(m×k)·(k×n)`` product forward and twice that backward; element-wise
   work, normalisations, sorts and the optimiser are not counted, as in the usual model-FLOPs
   convention), scaled to the global batch, and in total over the optimiser steps of every run;
@@ -30,9 +31,23 @@ experiment's own builders, runs one forward and backward pass of a meta micro-ba
   with ``data_dir`` or ``$HOPFIELD_DATA``).
 
 Data-dependent checks inside a model (``if bool((x < 0).any()): raise``) cannot be evaluated on
-meta tensors; while measuring, a boolean read from a meta tensor is answered ``False`` (the plan
-assumes valid inputs) and a floating-point number NaN (no special case is taken); an integer (a
-data-dependent shape) raises.
+meta tensors; while measuring, a boolean read from a meta tensor is answered as if the inputs were
+valid and every iterative solver had converged (``True`` for the result of an ``all`` reduction,
+else ``False``), so a loop that runs until its data settle (the blockwise Sparsemax attention,
+Newton thresholds) is priced with one pass: a lower bound of its FLOPs. A floating-point number
+read is NaN (no special case is taken); an integer (a data-dependent shape) raises.
+
+Speed: most of a measurement is spent in the Python meta kernels of PyTorch operators, so the
+jobs of a plan share a :class:`PlanCache`: a functional operator seen again with the same input
+layouts (the next layer of a stack, the next variant of a model) gets outputs of the recorded
+layouts without running its kernel (:class:`LayoutCache`, which changes no number), random
+initialisation of meta parameters is skipped, and jobs with equal ``cache_key`` (one model
+trained on several datasets, or priced by two experiments) are built and measured once.
+``hopfield plan --all --preset paper`` takes a few CPU-minutes.
+
+``write_plan_record`` keeps a plan as JSON (``hopfield plan --out DIR``: ``DIR/plan/<preset>.json``);
+the committed ``results/plan/paper.json`` is what docs/plan-table.md renders and what the claims
+ledger reads the paper's parameter counts from.
 
 Example::
 
@@ -45,17 +60,20 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from hopfield.data.files import ChecksumError, DataFile, DataNotFoundError, data_root, locate
 
@@ -63,20 +81,30 @@ __all__ = [
     "DEFAULT_MFU",
     "GPUS",
     "GPUS_PER_NODE",
+    "JOB_COLUMNS",
+    "PLAN_FOLDER",
     "STATE_BYTES_PER_PARAMETER",
     "DataNeed",
     "ExperimentPlan",
     "GpuEstimate",
     "JobEstimate",
+    "LayoutCache",
+    "ModelMeasurement",
+    "PlanCache",
     "StepMeasurement",
     "TrainingJob",
     "estimate",
     "gpu_hours",
+    "measure_model",
     "measure_step",
     "micro_batch_of",
     "plan",
+    "plan_record_path",
     "plan_to_dict",
+    "read_plan_record",
     "render_markdown",
+    "summary_table",
+    "write_plan_record",
 ]
 
 #: Dense bf16/fp16 tensor-core peak per GPU, FLOP/s (NVIDIA data sheets, no sparsity).
@@ -180,7 +208,9 @@ class TrainingJob:
         group: rows with the same group are summarised together.
         precision: the training precision of the preset (``"fp32"``, ``"fp16 autocast"``).
         notes: assumptions behind the numbers (dataset sizes, upper bounds).
-        cache_key: jobs with equal keys (and micro-batch) share one measurement.
+        cache_key: jobs with equal keys (and micro-batches) share one model measurement
+            (parameters, FLOPs and activations): the key must determine the model, the batch
+            and the loss, e.g. hold every configuration field the builder reads.
         measure_on: the device of the measurement: ``"meta"`` (no memory), or ``"cpu"`` with
             real tensors for a small model whose forward pass needs data-dependent integers
             (e.g. how many keys a random mask keeps).
@@ -234,10 +264,161 @@ def micro_batch_of(job: TrainingJob) -> tuple[int, str]:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-class _AssumeValidInputs(TorchDispatchMode):
-    """Answers scalar reads of meta tensors: a boolean is ``False`` (validity checks such as
-    ``if bool((x < 0).any()): raise`` pass), a floating-point number NaN (every comparison with
-    it is false, so no special case is taken); an integer (a data-dependent shape) raises."""
+#: Metadata queries that :class:`~torch.utils.flop_counter.FlopCounterMode` leaves to the next
+#: mode (``NotImplemented``), as :class:`_MeasuringMode` does.
+_METADATA_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "sym_is_contiguous", "is_contiguous", "is_strides_like_format",
+        "is_non_overlapping_and_dense", "size", "sym_size", "stride", "sym_stride",
+        "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim",
+    )
+) | {torch.ops.aten.is_contiguous.memory_format, torch.ops.prim.layout.default}  # fmt: skip
+_SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+_EXCLUDED_TAGS = (
+    torch.Tag.nondeterministic_seeded,
+    torch.Tag.data_dependent_output,
+    torch.Tag.dynamic_output_shape,
+)
+
+
+class LayoutCache:
+    """The output layouts of functional operators on meta tensors, shared by measurements.
+
+    On the meta device an operator's output is a function of the operator, the layouts (dtype,
+    shape, strides) of its tensor arguments and its other arguments; many operators run their
+    meta kernels in Python, which dominates a measurement. A *functional* operator (it mutates
+    nothing, its outputs alias no input, are tensors and do not depend on data or random
+    numbers) seen again with equal arguments gets fresh meta outputs of the recorded layouts
+    (dtype, shape, strides, storage offset and storage size) without running its kernel, so the
+    FLOPs and saved bytes measured are the same. One cache may serve every job of a plan.
+    """
+
+    def __init__(self) -> None:
+        self._outputs: dict[Hashable, tuple[_Layout, ...] | None] = {}
+        self._functional: dict[Any, bool] = {}
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def functional(self, func: Any) -> bool:
+        """Whether ``func`` (an ``OpOverload``) qualifies (see the class docstring)."""
+        known = self._functional.get(func)
+        if known is None:
+            schema = func._schema
+            known = bool(
+                schema.returns
+                and not schema.is_mutable
+                and all(r.alias_info is None and str(r.type) == "Tensor" for r in schema.returns)
+                and not any(tag in func.tags for tag in _EXCLUDED_TAGS)
+            )
+            self._functional[func] = known
+        return known
+
+    def lookup(self, key: Hashable) -> Any:
+        """Fresh outputs of the layouts recorded under ``key``, else ``None``."""
+        layouts = self._outputs.get(key)
+        if layouts is None:
+            return None
+        self.hits += 1
+        outputs = tuple(_empty(layout) for layout in layouts)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def record(self, key: Hashable, out: Any) -> None:
+        """Record the layouts of ``out`` (a tensor or a tuple of tensors) under ``key``; outputs
+        that share a storage, and undefined (``None``) outputs, are not recorded."""
+        outputs = (out,) if isinstance(out, Tensor) else tuple(out)
+        if not all(isinstance(o, Tensor) and o.is_meta for o in outputs):
+            return
+        if len({o.untyped_storage()._cdata for o in outputs}) == len(outputs):
+            self._outputs[key] = tuple(_layout_of(o) for o in outputs)
+
+
+_Layout = tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int, int]
+
+
+def _layout_of(tensor: Tensor) -> _Layout:
+    return (
+        tensor.dtype,
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        int(tensor.storage_offset()),
+        tensor.untyped_storage().nbytes(),
+    )
+
+
+def _empty(layout: _Layout) -> Tensor:
+    dtype, shape, stride, offset, nbytes = layout
+    out = torch.empty(0, dtype=dtype, device="meta")
+    return out.set_(torch.UntypedStorage(nbytes, device="meta"), offset, shape, stride)
+
+
+class _Uncacheable(Exception):
+    """An argument without a layout key (a CPU tensor, a generator, ...)."""
+
+
+_PLAIN_TYPES = (
+    int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+    torch.memory_format,
+)  # fmt: skip
+
+
+def _key_of(value: Any) -> Hashable:
+    """A hashable description of an operator argument as far as output layouts go."""
+    if isinstance(value, Tensor):
+        if not value.is_meta or value.layout is not torch.strided:
+            raise _Uncacheable
+        return (value.dtype, tuple(value.shape), value.stride())
+    if isinstance(value, list | tuple):
+        return tuple(_key_of(v) for v in value)
+    if isinstance(value, _PLAIN_TYPES):
+        return (type(value), value)
+    raise _Uncacheable
+
+
+def _random_fill_of_meta(func: Any, args: tuple[Any, ...]) -> bool:
+    """``func`` fills its first argument, a meta tensor, in place with random numbers
+    (``uniform_``, ``normal_``, ``bernoulli_``): a no-op without data."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    first = func._schema.arguments[0].alias_info if func._schema.arguments else None
+    return (
+        first is not None
+        and first.is_write
+        and bool(args)
+        and isinstance(args[0], Tensor)
+        and args[0].is_meta
+    )
+
+
+class _MeasuringMode(TorchDispatchMode):
+    """Runs a model on meta tensors as cheaply as the measurement allows.
+
+    * counts FLOPs with the formulas of :mod:`torch.utils.flop_counter` exactly as
+      :class:`~torch.utils.flop_counter.FlopCounterMode` does (an operator with a
+      ``CompositeImplicitAutograd`` kernel is decomposed and its parts are counted), without
+      its per-module table;
+    * answers scalar reads of meta tensors as if the data were valid and every iteration had
+      converged: a boolean is ``True`` if an ``all`` reduction gave it (``if not
+      bool(ok.all()): raise`` passes, ``while not bool(done.all())`` stops after one pass),
+      else ``False`` (``if bool((x < 0).any()): raise`` passes, ``if not bool((step >
+      tol).any()): break`` stops); a floating-point number is NaN (every comparison with it is
+      false, so no special case is taken); an integer (a data-dependent shape) raises;
+    * skips random in-place fills of meta tensors (parameter initialisation, dropout masks);
+    * reuses output layouts from ``layouts`` (:class:`LayoutCache`).
+
+    Args:
+        layouts: the cache of output layouts (``None``: no reuse).
+        count: whether to count FLOPs (``False`` while a model is built).
+    """
+
+    def __init__(self, layouts: LayoutCache | None = None, *, count: bool = True) -> None:
+        super().__init__()
+        self.layouts = layouts
+        self.count = count
+        self.flops = 0
+        self._all_results: dict[int, weakref.ref[Tensor]] = {}  # outputs of `all` by id
 
     def __torch_dispatch__(
         self,
@@ -246,18 +427,58 @@ class _AssumeValidInputs(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
-            tensor = args[0]
-            if isinstance(tensor, Tensor) and tensor.is_meta:
-                if tensor.dtype == torch.bool:
-                    return False
-                if tensor.is_floating_point():
-                    return math.nan
-                raise RuntimeError(
-                    f"the model reads a {tensor.dtype} value from a meta tensor (a shape or an "
-                    "index that depends on the data); the plan cannot measure it on meta"
-                )
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in _SCALAR_READS:
+            return _read_scalar(func, args, kwargs, self._of_all(args[0]))
+        if func in _METADATA_OPS:
+            return NotImplemented
+        if _random_fill_of_meta(func, args):
+            return args[0]
+        if self.count and func is not torch.ops.prim.device.default:
+            with self:  # as FlopCounterMode: count the parts of a decomposable operator
+                parts = func.decompose(*args, **kwargs)
+            if parts is not NotImplemented:
+                return parts
+        out = self._run(func, args, kwargs)
+        if func._overloadpacket is torch.ops.aten.all and isinstance(out, Tensor) and out.is_meta:
+            self._all_results[id(out)] = weakref.ref(out)
+        formula = flop_registry.get(func._overloadpacket) if self.count else None
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+    def _of_all(self, value: Any) -> bool:
+        """Whether ``value`` is (still) a tensor an ``all`` reduction gave."""
+        found = self._all_results.get(id(value))
+        return found is not None and found() is value
+
+    def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.layouts is None or not self.layouts.functional(func):
+            return func(*args, **kwargs)
+        try:
+            key = (func, _key_of(args), _key_of(tuple(sorted(kwargs.items()))))
+        except _Uncacheable:
+            return func(*args, **kwargs)
+        out = self.layouts.lookup(key)
+        if out is None:
+            out = func(*args, **kwargs)
+            self.layouts.record(key, out)
+        return out
+
+
+def _read_scalar(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], of_all: bool) -> Any:
+    """The answer to ``bool(tensor)`` or ``tensor.item()`` (see :class:`_MeasuringMode`)."""
+    tensor = args[0]
+    if isinstance(tensor, Tensor) and tensor.is_meta:
+        if tensor.dtype == torch.bool:
+            return of_all
+        if tensor.is_floating_point():
+            return math.nan
+        raise RuntimeError(
+            f"the model reads a {tensor.dtype} value from a meta tensor (a shape or an "
+            "index that depends on the data); the plan cannot measure it on meta"
+        )
+    return func(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -265,7 +486,7 @@ class StepMeasurement:
     """One forward and backward pass of a micro-batch.
 
     Attributes:
-        flops: forward + backward FLOPs (:class:`~torch.utils.flop_counter.FlopCounterMode`).
+        flops: forward + backward FLOPs (the formulas of :mod:`torch.utils.flop_counter`).
         activation_bytes: bytes of the distinct non-parameter storages saved for backward.
     """
 
@@ -274,18 +495,24 @@ class StepMeasurement:
 
 
 def measure_step(
-    model: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], Tensor]
+    model: nn.Module,
+    batch: Any,
+    loss: Callable[[nn.Module, Any], Tensor],
+    *,
+    layouts: LayoutCache | None = None,
 ) -> StepMeasurement:
     """Count the FLOPs and saved activations of ``loss(model, batch).backward()``.
 
     Works on any device; on the meta device nothing is computed or allocated. A storage saved
     several times (a tensor and its views, or one output saved by two consumers) is counted
-    once; storages of parameters and buffers are not counted.
+    once; storages of parameters and buffers are not counted. FLOPs are those
+    :class:`~torch.utils.flop_counter.FlopCounterMode` counts.
 
     Args:
         model: the model (its training/evaluation mode is used as is).
         batch: the micro-batch ``loss`` takes.
         loss: ``loss(model, batch) -> scalar``.
+        layouts: output layouts of meta operators to reuse and extend (:class:`LayoutCache`).
     """
     owned = {t.untyped_storage()._cdata for t in chain(model.parameters(), model.buffers())}
     saved: dict[int, Any] = {}
@@ -296,14 +523,14 @@ def measure_step(
             saved.setdefault(storage._cdata, storage)  # keeps it alive: addresses stay unique
         return tensor
 
-    with FlopCounterMode(display=False) as counter, _AssumeValidInputs():
+    with _MeasuringMode(layouts) as mode:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             value = loss(model, batch)
         if value.dim() != 0:
             raise ValueError(f"loss must return a scalar, got shape {tuple(value.shape)}")
         value.backward()
     return StepMeasurement(
-        flops=int(counter.get_total_flops()),
+        flops=int(mode.flops),
         activation_bytes=int(sum(s.nbytes() for s in saved.values())),
     )
 
@@ -371,32 +598,67 @@ class JobEstimate:
     notes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ModelMeasurement:
+    """What a job's model gives: its trainable parameters, their count in the paper's convention
+    and one micro-batch step."""
+
+    parameters: int
+    parameters_counted: int
+    step: StepMeasurement
+
+
+class PlanCache:
+    """What pricing several jobs shares: the output layouts of meta operators
+    (:class:`LayoutCache`) and the :class:`ModelMeasurement` of every job with a ``cache_key``
+    (jobs with equal keys and micro-batches are built and measured once). One cache may serve
+    the plans of several experiments at one preset (``hopfield plan --all``)."""
+
+    def __init__(self) -> None:
+        self.layouts = LayoutCache()
+        self.models: dict[Hashable, ModelMeasurement] = {}
+
+
+def measure_model(job: TrainingJob, layouts: LayoutCache | None = None) -> ModelMeasurement:
+    """Build ``job``'s model on ``job.measure_on`` (the meta device unless the job says
+    otherwise), count its parameters and measure one micro-batch (:func:`measure_step`)."""
+    device = torch.device(job.measure_on)
+    micro, _ = micro_batch_of(job)
+    with torch.random.fork_rng(devices=[]):  # real (CPU) measurements draw random numbers
+        with _MeasuringMode(layouts, count=False):  # no random initialisation on meta
+            model = job.build_model(device)
+        model.train()
+        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        counted = job.count_parameters(model) if job.count_parameters else parameters
+        with device:  # tensors a model creates while running land on the device too
+            step = measure_step(model, job.make_batch(micro, device), job.loss, layouts=layouts)
+    return ModelMeasurement(parameters, counted, step)
+
+
 def estimate(
     job: TrainingJob,
     *,
     mfu: float = DEFAULT_MFU,
-    measured: StepMeasurement | None = None,
+    cache: PlanCache | None = None,
 ) -> JobEstimate:
-    """Price one job: build its model on ``job.measure_on`` (the meta device unless the job
-    says otherwise), measure one micro-batch, scale to the global batch and the whole schedule.
+    """Price one job: measure its model (:func:`measure_model`, or the cached measurement of a
+    job with the same ``cache_key`` and micro-batch), scale to the global batch and the whole
+    schedule.
 
     Args:
         job: the job.
         mfu: model-FLOPs utilisation in ``(0, 1]``.
-        measured: a measurement of an identical job to reuse (see ``TrainingJob.cache_key``).
+        cache: measurements and layouts to reuse and extend (``None``: measure afresh).
     """
     mfu = _check_mfu(mfu)
-    device = torch.device(job.measure_on)
     micro, source = micro_batch_of(job)
-    with torch.random.fork_rng(devices=[]):  # real (CPU) measurements draw random numbers
-        model = job.build_model(device)
-        model.train()
-        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        counted = job.count_parameters(model) if job.count_parameters else parameters
-        if measured is None:
-            with device:  # tensors a model creates while running land on the device too
-                measured = measure_step(model, job.make_batch(micro, device), job.loss)
-        del model
+    key = None if cache is None or job.cache_key is None else (job.cache_key, micro)
+    model = cache.models.get(key) if cache is not None and key is not None else None
+    if model is None:
+        model = measure_model(job, cache.layouts if cache is not None else None)
+        if cache is not None and key is not None:
+            cache.models[key] = model
+    parameters, counted, measured = model.parameters, model.parameters_counted, model.step
     flops_step = round(measured.flops * job.global_batch / micro)
     total_steps = job.total_steps if job.total_steps is not None else job.optimizer_steps * job.runs
     flops_total = float(flops_step) * total_steps
@@ -486,6 +748,7 @@ def plan(
     mfu: float = DEFAULT_MFU,
     data_dir: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    cache: PlanCache | None = None,
 ) -> ExperimentPlan:
     """Price preset ``preset`` of experiment ``name`` without training it.
 
@@ -495,6 +758,8 @@ def plan(
         mfu: model-FLOPs utilisation in ``(0, 1]`` of the time estimates.
         data_dir: data root for the presence of the dataset files (else ``$HOPFIELD_DATA``).
         progress: called with ``"<experiment>: <job>"`` before each job is priced.
+        cache: measurements to share with other plans of the same preset (:class:`PlanCache`;
+            ``None``: a cache for this plan alone).
 
     Raises:
         ValueError: an unknown experiment or preset, or ``mfu`` outside ``(0, 1]``.
@@ -515,17 +780,12 @@ def plan(
             data=_data_rows(untrained_data(name, config), data_dir),
         )
     jobs = jobs_of(name, config)
-    cache: dict[tuple[Hashable, int], StepMeasurement] = {}
+    cache = cache if cache is not None else PlanCache()
     estimates = []
     for job in jobs:
         if progress is not None:
             progress(f"{name}: {job.name}")
-        key = None if job.cache_key is None else (job.cache_key, micro_batch_of(job)[0])
-        found = cache.get(key) if key is not None else None
-        priced = estimate(job, mfu=mfu, measured=found)
-        if key is not None and found is None:
-            cache[key] = StepMeasurement(priced.flops_per_micro_batch, priced.activation_bytes)
-        estimates.append(priced)
+        estimates.append(estimate(job, mfu=mfu, cache=cache))
     notes = tuple(dict.fromkeys(n for job in jobs for n in job.notes))
     return ExperimentPlan(
         name,
@@ -551,6 +811,123 @@ def plan_to_dict(result: ExperimentPlan) -> dict[str, Any]:
     out["gpu_hours"] = result.gpu_hours()
     out["wall_hours_on_8_gpus"] = {k: v / GPUS_PER_NODE for k, v in result.gpu_hours().items()}
     return out
+
+
+#: The folder of plan records in a results folder: ``DIR/plan/<preset>.json``.
+PLAN_FOLDER = "plan"
+
+#: The columns of a plan record's job rows: every :class:`JobEstimate` field but the GPU
+#: estimates (recomputed from ``flops_total`` and the MFU); ``notes`` holds indices into the
+#: experiment's notes.
+JOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(JobEstimate) if f.name != "gpus")
+
+
+def plan_record_path(directory: str | os.PathLike[str], preset: str) -> Path:
+    """Where :func:`write_plan_record` puts the plan of ``preset``: ``directory/plan/<preset>.json``."""
+    return Path(directory) / PLAN_FOLDER / f"{preset}.json"
+
+
+def _record_row(job: JobEstimate, notes: Sequence[str]) -> list[Any]:
+    missing = [n for n in job.notes if n not in notes]
+    if missing:
+        raise ValueError(f"job {job.name!r}: note {missing[0]!r} is not among the plan's notes")
+    values = {**asdict(job), "notes": [notes.index(n) for n in job.notes]}
+    return [values[c] for c in JOB_COLUMNS]
+
+
+def _entry_text(result: ExperimentPlan) -> str:
+    """One experiment of a plan record as JSON, one line per job."""
+    head = {
+        "experiment": result.experiment,
+        "preset": result.preset,
+        "mfu": result.mfu,
+        "trains": result.trains,
+        "summary": result.summary,
+        "notes": list(result.notes),
+        "data": [{"file": f, "status": s, "note": n} for f, s, n in result.data],
+    }
+    rows = [json.dumps(_record_row(job, result.notes), ensure_ascii=False) for job in result.jobs]
+    jobs = "[]" if not rows else "[\n   " + ",\n   ".join(rows) + "\n  ]"
+    fields_text = [
+        f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in head.items()
+    ]
+    return " {\n" + ",\n".join([*fields_text, f'  "jobs": {jobs}']) + "\n }"
+
+
+def write_plan_record(
+    results: Sequence[ExperimentPlan], directory: str | os.PathLike[str], *, command: str
+) -> Path:
+    """Write ``results`` (plans of one preset and MFU) as ``directory/plan/<preset>.json``.
+
+    The record: ``command``, ``preset``, ``mfu``, ``versions`` (hopfield, torch),
+    ``job_columns`` (:data:`JOB_COLUMNS`) and ``experiments``, each with the fields of its
+    :class:`ExperimentPlan` and its jobs as rows of ``job_columns``, one line each.
+
+    Args:
+        results: the plans, in the order to keep.
+        directory: a results folder (``results``, ``runs``).
+        command: the command that priced them (rendered as the Markdown's first line).
+
+    Raises:
+        ValueError: ``results`` is empty or mixes presets or MFUs.
+    """
+    import hopfield
+
+    if not results:
+        raise ValueError("results must not be empty")
+    presets = {r.preset for r in results}
+    mfus = {r.mfu for r in results}
+    if len(presets) != 1 or len(mfus) != 1:
+        raise ValueError(f"a plan record holds one preset and MFU, got {presets} and {mfus}")
+    head = {
+        "command": command,
+        "preset": results[0].preset,
+        "mfu": results[0].mfu,
+        "versions": {"hopfield": hopfield.__version__, "torch": torch.__version__},
+        "job_columns": list(JOB_COLUMNS),
+    }
+    lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+    entries = ",\n".join(_entry_text(r) for r in results)
+    path = plan_record_path(directory, results[0].preset)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{\n" + "\n".join(lines) + '\n "experiments": [\n' + entries + "\n ]\n}\n")
+    return path
+
+
+def _plan_of(entry: dict[str, Any], columns: Sequence[str]) -> ExperimentPlan:
+    notes = tuple(entry["notes"])
+    jobs = []
+    for row in entry["jobs"]:
+        values = dict(zip(columns, row, strict=True))
+        values["notes"] = tuple(notes[i] for i in values["notes"])
+        gpus = _gpu_estimates(values["flops_total"], entry["mfu"])
+        jobs.append(JobEstimate(**values, gpus=gpus))
+    return ExperimentPlan(
+        experiment=entry["experiment"],
+        preset=entry["preset"],
+        mfu=entry["mfu"],
+        trains=entry["trains"],
+        summary=entry["summary"],
+        jobs=tuple(jobs),
+        data=tuple((d["file"], d["status"], d["note"]) for d in entry["data"]),
+        notes=notes,
+    )
+
+
+def read_plan_record(path: str | os.PathLike[str]) -> tuple[list[ExperimentPlan], str]:
+    """The plans of a record of :func:`write_plan_record` and the command that priced them.
+
+    Raises:
+        ValueError: the file is not such a record.
+    """
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not {"command", "job_columns", "experiments"} <= set(data):
+        raise ValueError(f"{path} is not a plan record (hopfield plan --out)")
+    try:
+        plans = [_plan_of(entry, data["job_columns"]) for entry in data["experiments"]]
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise ValueError(f"{path} is not a plan record (hopfield plan --out): {error!r}") from None
+    return plans, str(data["command"])
 
 
 def _si(value: float) -> str:
@@ -659,6 +1036,37 @@ def _data_cell(result: ExperimentPlan) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
+def summary_table(results: Sequence[ExperimentPlan]) -> list[str]:
+    """The lines of a Markdown table with one row per experiment: runs, the largest model,
+    FLOPs, GPU-hours and wall hours, the largest activations and the data status."""
+    columns = ["experiment", "trains", "runs", "largest model", "FLOPs total"]
+    columns += [f"{g} GPU-h" for g in GPUS]
+    columns += [f"{GPUS_PER_NODE}×{g} wall h" for g in GPUS]
+    columns += ["largest activations/device", "data"]
+    rows = []
+    for r in results:
+        if not r.trains:
+            rows.append(
+                [f"`{r.experiment}`", "no", "–", "–", "–"] + ["–"] * 4 + ["–", _data_cell(r)]
+            )
+            continue
+        hours = r.gpu_hours()
+        rows.append(
+            [
+                f"`{r.experiment}`",
+                "yes",
+                f"{r.runs:,}",
+                f"{max(j.parameters_counted for j in r.jobs):,}",
+                _si(r.flops_total),
+                *(_hours(hours[g]) for g in GPUS),
+                *(_hours(hours[g] / GPUS_PER_NODE) for g in GPUS),
+                _bytes(max(j.activation_bytes for j in r.jobs)),
+                _data_cell(r),
+            ]
+        )
+    return _table(columns, rows)
+
+
 def render_markdown(
     results: Sequence[ExperimentPlan], *, per_job: bool = False, command: str = ""
 ) -> str:
@@ -674,7 +1082,8 @@ def render_markdown(
     lines += [
         f"Model-FLOPs utilisation {mfu:g}; dense bf16 peaks {peaks}; wall time on "
         f"{GPUS_PER_NODE} GPUs = GPU-hours / {GPUS_PER_NODE}. FLOPs: forward + backward "
-        "(FlopCounterMode on the meta device, one micro-batch scaled to the global batch). "
+        "(what torch's FlopCounterMode counts, on the meta device, one micro-batch scaled to "
+        "the global batch). "
         "Tokens: sequence positions, image patches (+ class token), bag instances or time "
         "steps. Activations: bytes saved for backward per device at the micro-batch, float32. "
         "Parameters in the paper's convention where it has one (BERT without its MLM head, "
@@ -683,32 +1092,7 @@ def render_markdown(
         "",
     ]
     if len(results) > 1:
-        columns = ["experiment", "trains", "runs", "largest model", "FLOPs total"]
-        columns += [f"{g} GPU-h" for g in GPUS]
-        columns += [f"{GPUS_PER_NODE}×{g} wall h" for g in GPUS]
-        columns += ["largest activations/device", "data"]
-        rows = []
-        for r in results:
-            if not r.trains:
-                rows.append(
-                    [f"`{r.experiment}`", "no", "–", "–", "–"] + ["–"] * 4 + ["–", _data_cell(r)]
-                )
-                continue
-            hours = r.gpu_hours()
-            rows.append(
-                [
-                    f"`{r.experiment}`",
-                    "yes",
-                    f"{r.runs:,}",
-                    f"{max(j.parameters_counted for j in r.jobs):,}",
-                    _si(r.flops_total),
-                    *(_hours(hours[g]) for g in GPUS),
-                    *(_hours(hours[g] / GPUS_PER_NODE) for g in GPUS),
-                    _bytes(max(j.activation_bytes for j in r.jobs)),
-                    _data_cell(r),
-                ]
-            )
-        lines += ["## Summary", "", *_table(columns, rows), ""]
+        lines += ["## Summary", "", *summary_table(results), ""]
     for r in results:
         lines += [f"## `{r.experiment}` (preset `{r.preset}`)", ""]
         if not r.trains:

@@ -15,7 +15,8 @@ success) is priced at its longest schedule, and the notes say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any
 
@@ -105,6 +106,20 @@ def _window_batch(
         )
 
     return make
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable copy of a configuration (dataclasses, lists and dicts become tuples), for
+    ``TrainingJob.cache_key``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ((f.name, _frozen(getattr(value, f.name))) for f in dataclasses.fields(value))
+        return (type(value).__name__, *fields)
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    hash(value)  # anything else must be hashable already
+    return value
 
 
 def _same_fields(config: Any, paper: Any, names: Sequence[str]) -> bool:
@@ -312,6 +327,9 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
                     ),
                     paper_parameters=count,
                     paper_label=label,
+                    # the settings determine model, batch and loss: outliers and
+                    # outliers-<family> share the measurement under `hopfield plan --all`
+                    cache_key=("outliers", _frozen(settings), variant),
                 )
             )
     return jobs
@@ -516,11 +534,20 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
 # --- timeseries-hopfield ------------------------------------------------------------------------
 
 
+_BLOCKWISE_NOTE = (
+    "timeseries sparse: Sparsemax attention takes the blockwise solver at these sizes "
+    "(micro-batch × heads × queries × keys ≥ 2^18), which passes over the keys until the "
+    "supports settle, as often as the data need; on the meta device it makes one pass: its "
+    "FLOPs are a lower bound."
+)
+
+
 def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
     """Every (dataset, horizon, model) of ``timeseries-hopfield`` (input length = horizon);
     runs = seeds; the longest schedule (``epochs``; early stopping usually ends sooner)."""
     from hopfield.experiments.timeseries_hopfield import build_model
 
+    frozen = _frozen(config)  # with (model, horizon, inputs, targets): all the builder reads
     jobs = []
     for dataset in config.datasets:
         train, where = _train_rows(dataset, "ratio", config.max_rows)
@@ -536,6 +563,7 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
                 f"(early stopping after {config.patience} epochs without improvement)."
             )
             for name in config.models:
+                notes = (note, _BLOCKWISE_NOTE) if name == "sparse" else (note,)
                 jobs.append(
                     TrainingJob(
                         name=f"{dataset} H{horizon} {name}",
@@ -550,8 +578,8 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
                         tokens_per_example=horizon,
                         data=_series_needs(dataset),
                         group=f"{dataset} H{horizon}",
-                        notes=(note,),
-                        cache_key=("timeseries", name, horizon, inputs, targets),
+                        notes=notes,
+                        cache_key=("timeseries", name, horizon, inputs, targets, frozen),
                     )
                 )
     return jobs
@@ -610,6 +638,7 @@ def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
     from hopfield.experiments.mil_benchmark import sample_trials, split_folds
 
     dropout = max(config.dropouts)
+    frozen = _frozen(config)
     jobs = []
     for dataset in config.datasets:
         if dataset not in MIL_SHAPES:
@@ -652,7 +681,7 @@ def mil_benchmark_jobs(config: Any) -> list[TrainingJob]:
                         data=(DataNeed.of(MIL_DATASETS[dataset]),),
                         group=dataset,
                         notes=(note, _RANDOM_MASK_NOTE) if _mil_device(method) else (note,),
-                        cache_key=("mil", dataset, method, width, heads),
+                        cache_key=("mil", dataset, method, width, heads, frozen),
                         **_mil_device(method),
                     )
                 )
