@@ -500,3 +500,100 @@ def test_figure_7_is_judged_exactly_on_the_flop_counts(tmp_path: Path) -> None:
     sorted_ = efficiency_flops_record(tmp_path / "sort", 1.5)  # a counted sort: 1.5x dense
     assert sorted_["verdict"] == "does not hold" and sorted_["ours"] == 2  # at d = 16 and 64
     assert "sparsemax / dense 1.5-1.5" in sorted_["note"]
+
+
+# ------------------------------------------------------- parameter counts from a plan record
+
+
+def write_plan(root: Path, preset: str, counts: dict[tuple[str, str], int]) -> Path:
+    """``root/plan/<preset>.json`` as ``hopfield plan --out`` writes it, with the jobs of
+    ``counts`` (``{(experiment, job): parameters in the paper's convention}``) priced as a
+    small linear model renamed."""
+    from dataclasses import replace
+
+    import torch
+
+    from hopfield.plan import ExperimentPlan, TrainingJob, estimate, write_plan_record
+
+    toy = estimate(
+        TrainingJob(
+            name="toy",
+            build_model=lambda device: torch.nn.Linear(4, 2, device=device),
+            make_batch=lambda n, device: torch.randn(n, 4, device=device),
+            loss=lambda model, x: model(x).sum(),
+            global_batch=8,
+            optimizer_steps=10,
+        )
+    )
+    jobs: dict[str, list[Any]] = {}
+    for (experiment, job), count in counts.items():
+        jobs.setdefault(experiment, []).append(
+            replace(toy, name=job, group=job, parameters_counted=count)
+        )
+    plans = [
+        ExperimentPlan(name, preset, 0.4, True, "a toy", jobs=tuple(priced))
+        for name, priced in jobs.items()
+    ]
+    return write_plan_record(plans, root, command=f"hopfield plan --all --preset {preset}")
+
+
+def test_parameter_counts_are_judged_from_a_plan_record(tmp_path: Path) -> None:
+    write_plan(tmp_path, "paper", {
+        ("hyperset-images", "hyperset"): 962_218,  # 0.96 M ± 0.005 M
+        ("hyperset-images", "transformer"): 1_784_000,  # 1.79 M: 6,000 short
+        ("outliers-vit", "vit softmax"): 22_050_664,  # the paper prints 22.03m
+        ("stanhop-outliers", "ETTh1 T168→24 outeffhop"): 35_128_648,
+    })  # fmt: skip
+    write_record(tmp_path, "hyperset-images", preset="small", side={"runs.json": {}})
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    small = records["HS-T1-params-small"]
+    assert small["verdict"] == "holds" and small["ours"] == 962_218
+    assert small["scale"] == "plan (paper preset, meta device)"
+    assert small["command"] == "hopfield plan hyperset-images --preset paper"
+    assert small["experiment"] == "hyperset-images" and "962,218 parameters" in small["note"]
+    assert records["HS-T1-params-transformer"]["verdict"] == "does not hold"
+    vit = records["OEH-T1-params-vit"]  # from the plan of outliers-vit, after outliers
+    assert vit["verdict"] == "does not hold" and vit["experiment"] == "outliers-vit"
+    assert records["OEH-T1-params-stanhop"]["verdict"] == "holds"
+    missing = records["HS-T1-params-et"]  # the plan has no job "et"
+    assert missing["verdict"] == "not tested at this scale" and "no job 'et'" in missing["note"]
+    assert records["HS-T1-params-et"]["scale"] == "small"  # the first record tried
+    assert records["OEH-T1-params-bert"]["verdict"] == "not tested at this scale"  # no plan
+    # only parameter counts are read from a plan; the other claims need runs
+    equal_width = records["HS-T1-equal-width"]
+    assert equal_width["verdict"] == "not tested at this scale"
+    assert equal_width["scale"] == "small"
+
+
+def test_a_paper_run_comes_before_the_plan_and_another_preset_tests_nothing(
+    tmp_path: Path,
+) -> None:
+    write_plan(tmp_path, "paper", {("hyperset-mim", "transformer"): 8_654_848})
+    write_plan(tmp_path, "small", {("hyperset-sudoku", "hyperset"): 5_195_584})
+    mim = {"transformer": {"params": 8_852_000}}  # a GPU user's paper run
+    write_record(tmp_path, "hyperset-mim", preset="paper", side={"runs.json": mim})
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    run = records["HS-T2-params-mim-transformer"]
+    assert run["verdict"] == "holds" and run["scale"] == "paper" and run["ours"] == 8_852_000
+    sudoku = records["HS-S4.5-params-sudoku"]
+    assert sudoku["verdict"] == "not tested at this scale"
+    assert "only at the paper preset, not small" in sudoku["note"]
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).resolve().parents[1] / "results" / "plan" / "paper.json").is_file(),
+    reason="no committed plan record",
+)
+def test_the_committed_plan_record_judges_every_parameter_count() -> None:
+    """results/plan/paper.json gives every parameter-count claim an exact verdict (the counts
+    against the papers': docs/scale.md)."""
+    from hopfield.claims.records import load_plans
+
+    plans = load_plans(Path(__file__).resolve().parents[1] / "results")
+    claims = [c for c in CLAIMS if c.planned]
+    assert len(claims) == 12
+    failing = {"OEH-T1-params-vit", "HS-T2-params-mim-transformer"}  # 22.05 M, 8.65 M
+    for claim in claims:
+        (plan, *_) = [p for name in claim.experiments for p in plans.get(name, [])]
+        judgement = judge(claim, plan.parameters(claim.planned))
+        assert judgement.verdict == ("does not hold" if claim.id in failing else "holds"), claim.id

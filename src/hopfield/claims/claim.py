@@ -98,6 +98,9 @@ class Claim:
             (e.g. ``outliers-opt`` after ``outliers``).
         note: what a reader needs to know (which unit test checks an unimplemented claim, why a
             metric was chosen).
+        planned: for a parameter count, the job of the experiments' plan record
+            (``hopfield plan --out``) whose count in the paper's convention tests the claim
+            when no run of the paper preset does (``""``: none).
     """
 
     id: str
@@ -115,6 +118,7 @@ class Claim:
     tolerance: float = 0.0
     also: tuple[str, ...] = ()
     note: str = ""
+    planned: str = ""
 
     def __post_init__(self) -> None:
         if self.paper not in PAPERS:
@@ -128,6 +132,8 @@ class Claim:
         numeric = isinstance(self.paper_value, (int, float))
         if self.kind == "exact" and self.experiment is not None and not numeric:
             raise ValueError(f"claim {self.id}: a tested exact claim needs a numeric paper_value")
+        if self.planned and (self.kind != "exact" or self.experiment is None):
+            raise ValueError(f"claim {self.id}: a planned count is an exact claim of an experiment")
         tested_equal = self.direction == "equal" and self.experiment is not None
         if tested_equal and self.kind == "empirical" and not self.min_effect > 0:
             raise ValueError(f"claim {self.id}: an equal claim needs a margin min_effect > 0")

@@ -27,7 +27,7 @@ def _params(id: str, location: str, what: str, paper: float, experiment: str, mo
     """A parameter count printed in millions with two decimals (tolerance half a unit)."""
     return Claim(
         id, PAPER, location, f"{what} has {paper / 1e6:.2f} M parameters.", paper, "parameters",
-        "equal", "exact", experiment, hyperset_params(model), tolerance=0.005e6,
+        "equal", "exact", experiment, hyperset_params(model), tolerance=0.005e6, planned=model,
     )  # fmt: skip
 
 

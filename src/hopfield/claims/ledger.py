@@ -5,7 +5,10 @@
 :func:`evaluate` judges each from the experiment records of a folder: ``not implemented`` where
 no experiment tests the claim, ``not tested at this scale`` where the folder holds no record of
 its experiment or the record does not test it (the reason is in ``note``), else the verdict of
-:func:`hopfield.claims.claim.judge`.
+:func:`hopfield.claims.claim.judge`. A parameter count (a claim with ``planned``) that no run of
+the paper preset tests is judged from the folder's plan record (``plan/paper.json``, written by
+``hopfield plan --all --preset paper --out DIR``): the models are the experiments' own, built on
+the meta device.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hopfield.claims import hyperset, nonparametric, outeffhop
-from hopfield.claims.claim import Claim, Judgement, NotTested, judge
-from hopfield.claims.records import ExperimentRecord, load_records
+from hopfield.claims.claim import Claim, Evidence, Extractor, Judgement, NotTested, judge
+from hopfield.claims.records import ExperimentRecord, PlanRecord, load_plans, load_records
 from hopfield.claims.verdict import PairedComparison
 
 __all__ = ["CLAIMS", "UNREADABLE", "evaluate", "record_of"]
@@ -40,22 +43,47 @@ _check_unique(CLAIMS)
 
 def evaluate(directory: Path | str, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, Any]]:
     """One record per claim (see :func:`record_of`) from the experiment records in
-    ``directory`` (``directory/<experiment>/results.json``)."""
+    ``directory`` (``directory/<experiment>/results.json``) and, for the parameter counts,
+    its plan records (``directory/plan/<preset>.json``)."""
     records = load_records(directory)
-    return [_evaluate_one(claim, records) for claim in claims]
+    plans = load_plans(directory)
+    return [_evaluate_one(claim, records, plans) for claim in claims]
 
 
-def _evaluate_one(claim: Claim, records: dict[str, ExperimentRecord]) -> dict[str, Any]:
+Source = ExperimentRecord | PlanRecord
+
+
+def _sources(
+    claim: Claim, records: dict[str, ExperimentRecord], plans: dict[str, list[PlanRecord]]
+) -> list[Source]:
+    """The records that may test ``claim``, in the order they are tried: runs of its
+    experiments, then (for a planned parameter count) their plans."""
+    runs: list[Source] = [records[name] for name in claim.experiments if name in records]
+    if not claim.planned:
+        return runs
+    return runs + [plan for name in claim.experiments for plan in plans.get(name, [])]
+
+
+def _evidence(claim: Claim, extract: Extractor, source: Source) -> Evidence:
+    """A run's evidence by the claim's extractor; a plan's: the planned job's parameter count."""
+    if isinstance(source, PlanRecord):
+        return source.parameters(claim.planned)
+    return extract(source)
+
+
+def _evaluate_one(
+    claim: Claim, records: dict[str, ExperimentRecord], plans: dict[str, list[PlanRecord]]
+) -> dict[str, Any]:
     if claim.experiment is None or claim.extract is None:
         return record_of(claim, Judgement("not implemented"), None, claim.note)
-    present = [records[name] for name in claim.experiments if name in records]
+    present = _sources(claim, records, plans)
     if not present:
         note = f"no {' or '.join(claim.experiments)} results in this folder"
         return record_of(claim, Judgement("not tested at this scale"), None, note)
     reasons = []
     for record in present:
         try:
-            judgement = judge(claim, claim.extract(record))
+            judgement = judge(claim, _evidence(claim, claim.extract, record))
         except NotTested as why:
             reasons.append(f"{record.name} ({record.preset}): {why}")
             continue
@@ -79,13 +107,14 @@ def _test(result: PairedComparison) -> dict[str, Any]:
 
 
 def record_of(
-    claim: Claim, judgement: Judgement, record: ExperimentRecord | None, note: str
+    claim: Claim, judgement: Judgement, record: Source | None, note: str
 ) -> dict[str, Any]:
     """The ledger's record of ``claim``: what the paper says, what we measured, at which scale,
     with which test, and the verdict.
 
     Keys: ``id``, ``paper``, ``location``, ``claim``, ``kind``, ``metric``, ``direction``,
-    ``paper_value``, ``experiment``, ``scale`` (the preset of the record used, or ``None``),
+    ``paper_value``, ``experiment``, ``scale`` (the preset of the record used, ``plan (paper preset,
+    meta device)`` for a plan record, or ``None``),
     ``command`` (the run that gave the evidence, or that would), ``ours`` (measured value or
     mean of ours), ``model`` (which of ours), ``rival`` and ``rival_value`` (the deciding
     comparison), ``difference`` (mean difference, positive favours the claim; percent for
@@ -104,7 +133,7 @@ def record_of(
         "direction": claim.direction,
         "paper_value": claim.paper_value,
         "experiment": record.name if record is not None else claim.experiment,
-        "scale": record.preset if record is not None else None,
+        "scale": record.scale if record is not None else None,
         "command": _command(claim, record),
         "ours": _number(judgement.ours),
         "model": None,
@@ -148,7 +177,7 @@ def record_of(
     return out
 
 
-def _command(claim: Claim, record: ExperimentRecord | None) -> str | None:
+def _command(claim: Claim, record: Source | None) -> str | None:
     if record is not None:
         return record.command
     if claim.experiment is None:

@@ -1,5 +1,7 @@
 """An experiment's results as the claims ledger reads them: ``results.json`` and the small JSON
-records the experiment keeps beside it (per-seed runs, per-memory-set values)."""
+records the experiment keeps beside it (per-seed runs, per-memory-set values); and the plan
+record of ``hopfield plan --out`` (``plan/<preset>.json``), which gives the parameter counts of
+the models a preset trains without training them."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopfield.claims.claim import NotTested
+from hopfield.claims.claim import Measured, NotTested
+from hopfield.plan import PLAN_FOLDER, ExperimentPlan, read_plan_record
 
-__all__ = ["RESULTS_FILE", "ExperimentRecord", "load_records"]
+__all__ = ["RESULTS_FILE", "ExperimentRecord", "PlanRecord", "load_plans", "load_records"]
 
 RESULTS_FILE = "results.json"
 
@@ -58,6 +61,11 @@ class ExperimentRecord:
         """The command that wrote the record (its ``--set`` overrides are in its config)."""
         return f"hopfield run {self.name} --preset {self.preset}"
 
+    @property
+    def scale(self) -> str:
+        """Where the evidence comes from: the preset of the run."""
+        return self.preset
+
     def metric(self, key: str) -> float:
         """The scalar metric ``key``; :class:`NotTested` if the run did not record it."""
         if key not in self.metrics:
@@ -92,3 +100,58 @@ def load_records(directory: Path | str) -> dict[str, ExperimentRecord]:
         path.parent.name: ExperimentRecord.load(path.parent)
         for path in sorted(directory.glob(f"*/{RESULTS_FILE}"))
     }
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """One experiment's plan in a plan record (``DIR/plan/<preset>.json``, written by
+    ``hopfield plan --out DIR``): the models its preset trains, built on the meta device.
+
+    Attributes:
+        path: the plan record's file.
+        plan: the experiment's plan.
+    """
+
+    path: Path
+    plan: ExperimentPlan
+
+    @property
+    def name(self) -> str:
+        return self.plan.experiment
+
+    @property
+    def preset(self) -> str:
+        return self.plan.preset
+
+    @property
+    def command(self) -> str:
+        """The command that prints this experiment's plan."""
+        return f"hopfield plan {self.name} --preset {self.preset}"
+
+    @property
+    def scale(self) -> str:
+        """Where the evidence comes from: the plan, not a run."""
+        return f"plan ({self.preset} preset, meta device)"
+
+    def parameters(self, job: str) -> Measured:
+        """The parameter count of ``job``'s model in the paper's convention; :class:`NotTested`
+        at a preset other than ``paper`` (a smaller model) or without such a job."""
+        if self.preset != "paper":
+            raise NotTested(
+                f"parameter counts are the paper's only at the paper preset, not {self.preset}"
+            )
+        for entry in self.plan.jobs:
+            if entry.name == job:
+                count = entry.parameters_counted
+                return Measured(float(count), f"{count:,} parameters of {job!r} in {self.path}")
+        raise NotTested(f"the {self.preset} plan of {self.name} has no job {job!r}")
+
+
+def load_plans(directory: Path | str) -> dict[str, list[PlanRecord]]:
+    """``{experiment: [its plans]}`` from every plan record ``directory/plan/*.json`` (sorted by
+    file name); ``{}`` without such files."""
+    plans: dict[str, list[PlanRecord]] = {}
+    for path in sorted(Path(directory).glob(f"{PLAN_FOLDER}/*.json")):
+        for plan in read_plan_record(path)[0]:
+            plans.setdefault(plan.experiment, []).append(PlanRecord(path, plan))
+    return plans
