@@ -30,6 +30,7 @@ from hopfield.plan import (
     plan_to_dict,
     read_plan_record,
     render_markdown,
+    summary_table,
     write_plan_record,
 )
 
@@ -209,6 +210,29 @@ def test_validity_checks_pass_on_meta_but_data_dependent_shapes_raise() -> None:
 
     with pytest.raises(RuntimeError, match="data"):
         measure_step(Shaped(), torch.randn(3, device=META, requires_grad=True), _sum_loss)
+
+
+def test_a_loop_until_convergence_makes_one_pass_on_meta() -> None:
+    """``while not bool(done.all())`` (the blockwise Sparsemax solver) would never end on meta;
+    the result of an ``all`` reduction reads True, so it stops after one pass, and a validity
+    check ``if not bool(ok.all()): raise`` passes."""
+
+    class Iterate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError("not finite")
+            for _ in range(100):  # at most 100 passes on real data
+                x = self.linear(x)
+                if bool((x.abs() < 1).all()):
+                    break
+            return x
+
+    model = Iterate().to(META)
+    assert measure_step(model, torch.randn(2, 4, device=META), _sum_loss).flops == 4 * 2 * 16
 
 
 def _encoder(device: torch.device) -> nn.Module:
@@ -396,10 +420,15 @@ def test_plan_record_round_trip(tmp_path: Path) -> None:
     assert loaded == results and command == "hopfield plan x"
     assert render_markdown(loaded, command=command) == render_markdown(results, command=command)
     data = json.loads(path.read_text())
-    assert data["preset"] == "paper" and data["mfu"] == 0.4 and set(data["versions"]) == {
-        "hopfield",
-        "torch",
-    }
+    assert (
+        data["preset"] == "paper"
+        and data["mfu"] == 0.4
+        and set(data["versions"])
+        == {
+            "hopfield",
+            "torch",
+        }
+    )
     assert len(path.read_text().splitlines()) < 40 + len(results[0].jobs)  # a line per job
     with pytest.raises(ValueError, match="one preset"):
         write_plan_record([results[0], plan("theory", "tiny")], tmp_path, command="x")
@@ -433,6 +462,9 @@ def test_plan_table_is_rendered_from_the_committed_record() -> None:
         "docs/plan-table.md is stale: regenerate with "
         "`hopfield plan --all --preset paper --out results > docs/plan-table.md`"
     )
+    scale = (ROOT / "docs" / "scale.md").read_text()  # its cost table: the training rows
+    missing = [x for x in summary_table([r for r in results if r.trains]) if x not in scale]
+    assert not missing, f"docs/scale.md's cost table differs from the record: {missing[0]}"
     counts = {(r.experiment, j.name): j.parameters_counted for r in results for j in r.jobs}
     assert counts["outliers-bert", "bert softmax"] == 108_891_648
     assert counts["hyperset-mim", "transformer"] == 8_654_848

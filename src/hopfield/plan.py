@@ -295,7 +295,7 @@ class LayoutCache:
     """
 
     def __init__(self) -> None:
-        self._outputs: dict[Hashable, tuple[_Layout, ...] | None] = {}
+        self._outputs: dict[Hashable, tuple[_Layout, ...]] = {}
         self._functional: dict[Any, bool] = {}
         self.hits = 0
 
