@@ -143,7 +143,8 @@ class PlanRecord:
         for entry in self.plan.jobs:
             if entry.name == job:
                 count = entry.parameters_counted
-                return Measured(float(count), f"{count:,} parameters of {job!r} in {self.path}")
+                where = f"{PLAN_FOLDER}/{self.path.name}"  # the same wherever DIR lies
+                return Measured(float(count), f"{count:,} parameters of {job!r} in {where}")
         raise NotTested(f"the {self.preset} plan of {self.name} has no job {job!r}")
 
 
