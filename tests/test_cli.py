@@ -122,6 +122,30 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, registered: A
     assert [s["outcome"] for s in json.loads(other.read_text())["sittings"]] == ["finished"]
 
 
+def _fails(config: Any, ctx: RunContext) -> Results:
+    ctx.save_json("partial.json", {"done": 1})
+    raise RuntimeError("the run broke")
+
+
+def test_a_failed_sitting_is_kept_and_a_refused_run_leaves_none(
+    tmp_path: Path, registered: Any
+) -> None:
+    registered("test-fails", _fails)
+    with pytest.raises(RuntimeError, match="the run broke"):
+        run_experiment("test-fails", "tiny", tmp_path, progress=False)
+    kept = json.loads((tmp_path / "test-fails" / "sittings.json").read_text())
+    assert [s["outcome"] for s in kept["sittings"]] == ["failed"]
+    assert kept["preset"] == "tiny"
+    with pytest.raises(RuntimeError):
+        run_experiment("test-fails", "tiny", tmp_path, progress=False)
+    kept = json.loads((tmp_path / "test-fails" / "sittings.json").read_text())
+    assert [s["outcome"] for s in kept["sittings"]] == ["failed", "failed"]
+    with pytest.raises(SystemExit):
+        main(["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path / "bad"),
+              "--set", "betas=[-1]"])  # fmt: skip
+    assert not (tmp_path / "bad" / "retrieval-demo" / "sittings.json").exists()
+
+
 def test_tables_and_statistics() -> None:
     with pytest.raises(ValueError, match="row 0 has 1 cells, expected 2"):
         Table("t", ["a", "b"], [[1]])

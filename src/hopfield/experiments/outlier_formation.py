@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hopfield.claims.verdict import compare_paired
 from hopfield.data.synthetic_text import SyntheticSample, SyntheticText, generate
 from hopfield.experiments.checks import check_choice, check_ints, check_subset, config_errors
 from hopfield.experiments.registry import ConfigError, Experiment, register
@@ -1184,8 +1185,6 @@ def _reduction_row(
 ) -> list[Any]:
     """One row of the reductions table: ``ours`` against ``base`` on ``metric``, paired over
     the training seeds."""
-    from hopfield.claims.verdict import compare_paired
-
     a = [value(r) for r in results[base]]
     b = [value(r) for r in results[ours]]
     wins = sum(y < x for x, y in zip(a, b, strict=True))
