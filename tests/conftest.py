@@ -50,3 +50,18 @@ def registered() -> Iterator[Callable[[str, Callable[[Any, Any], Any]], None]]:
     yield add
     for name in names:
         unregister(name)
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test twice: with the native CPU kernels (:mod:`hopfield.functional.native`) and
+    with ``HOPFIELD_NATIVE=0``, the PyTorch path that GPUs and half precision take."""
+    if request.param == "torch":
+        monkeypatch.setenv("HOPFIELD_NATIVE", "0")
+    else:
+        from hopfield.functional import native
+
+        monkeypatch.delenv("HOPFIELD_NATIVE", raising=False)
+        if not native.available(torch.zeros(1)):
+            pytest.skip("the native kernels did not build on this machine")
+    return str(request.param)

@@ -11,6 +11,9 @@ from hopfield.functional import Dense, Entmax, Softmax, Sparsemax, TopK, associa
 from hopfield.functional import structures as structures_module
 from hopfield.functional.blockwise import blockwise_entmax_attention
 
+# Every test runs on the native CPU kernels and on the PyTorch path (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 D = torch.float64
 EXPLICIT = Dense(blockwise_from=None)
 

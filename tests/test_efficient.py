@@ -12,6 +12,9 @@ from hopfield.functional import Entmax, Softmax, SoftmaxN, Sparsemax, associate
 from hopfield.functional.efficient import RandomMask, TopK, Window, floyd_sample
 from hopfield.nn import Hopfield
 
+# Every test runs on the native CPU kernels and on the PyTorch path (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 D = torch.float64
 NO = {"causal": False, "dropout": 0.0, "return_weights": False}
 
@@ -657,7 +660,7 @@ def test_random_mask_masked_kernel_equals_gathered_path(monkeypatch, separation,
         assert (fast[1] == 0).all()
 
 
-def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
+def test_random_mask_masked_kernel_applies_by_size_and_separation(kernel_path) -> None:
     from hopfield.functional.efficient import _masked_kernel_applies
 
     def applies(size: int, separation=None, grad: bool = False, **kw) -> bool:
@@ -668,6 +671,9 @@ def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
             kw.get("return_weights", False), min(64, size),
         )  # fmt: skip
 
+    if kernel_path == "native":  # the gathered kernels beat the masked dense kernel at any size
+        assert not applies(2048, grad=True) and not applies(512, grad=True)
+        return
     assert applies(2048, grad=True) and not applies(4096, grad=True)  # S <= 32 k
     assert not applies(512)  # without gradients the gathered path serves
     assert not applies(512, Sparsemax(), grad=True)  # only the fused kernels' Softmax_n family
@@ -676,9 +682,11 @@ def test_random_mask_masked_kernel_applies_by_size_and_separation() -> None:
     assert not applies(512, grad=True, mask=torch.zeros(1, 1, 1, 512, requires_grad=True))
 
 
-def test_random_mask_masked_kernel_samples_by_query_block(monkeypatch) -> None:
+def test_random_mask_masked_kernel_samples_by_query_block(monkeypatch, kernel_path) -> None:
     """With a small block budget the masked kernel draws its subsets block by block: every query
     still keeps exactly k allowed keys, and the output is the explicit association on them."""
+    if kernel_path == "native":
+        pytest.skip("the masked kernel serves only the PyTorch path")
     from hopfield.functional import structures
 
     captured: list[Tensor] = []

@@ -1,4 +1,4 @@
-"""Sparse attention without an ``L × S`` matrix: blockwise sparsemax / α-entmax and recomputed Top-K.
+"""Sparse attention without an ``L × S`` matrix: blockwise sparsemax / α-entmax.
 
 Sparsemax and α-entmax (``1 < α <= 2``) attention ``O = entmax_α(Z) V`` with ``Z = q' kᵀ + bias``
 (``q' = scale · q``) is computed tile by tile: queries in blocks of ``Lq`` rows, keys in blocks of
@@ -28,10 +28,8 @@ that detects convergence also yields the output. A first pass finds the row maxi
 ``dZ_ij = s_ij (dO_i·v_j - dO_i·v̄_i)``; then ``dV = Pᵀ dO``, ``dq' = dZ k``, ``dk = dZᵀ q'``,
 all accumulated in one pass over the tiles.
 
-**Top-K** keeps :class:`~hopfield.functional.efficient.TopK`'s own support search (a running top-K
-over key chunks, per query block) and its gathered association in the forward pass, but stores
-only the kept key indices ``(B, H, L, K)`` for the backward pass, which recomputes each query
-block's kept scores and the separation (any separation without learnable parameters).
+(Top-K without an ``L × S`` matrix, with its recomputing backward pass, is
+:class:`~hopfield.functional.efficient.TopK`.)
 """
 
 from __future__ import annotations
@@ -40,10 +38,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["blockwise_entmax_attention", "topk_recomputed"]
+__all__ = ["blockwise_entmax_attention"]
 
 # Per-row Newton steps for α < 2 (sparsemax has its own exact stop and no cap is needed).
 _MAX_NEWTON_STEPS = 100
@@ -318,170 +315,3 @@ def blockwise_entmax_attention(
         q * scale, k, v, bias, bool(causal), float(alpha), int(key_block), int(max_tile_elements)
     )
     return out.to(dtype)
-
-
-# ------------------------------------------------------------------------------------------------
-# Top-K with recomputation
-# ------------------------------------------------------------------------------------------------
-
-
-class _TopKRecomputed(torch.autograd.Function):
-    """Top-K association that saves the kept indices only and recomputes in the backward pass."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        scale: Tensor | None,
-        float_scale: float,
-        structure: Any,
-        separation: Any,
-        bias: Tensor | None,
-        causal: bool,
-    ) -> Tensor:
-        from hopfield.functional.efficient import _DENSE_SCORES_FROM, upper_count
-
-        batch, heads, length, dim = q.shape
-        size, ev = k.shape[-2], v.shape[-1]
-        scale_any: Tensor | float = float_scale if scale is None else scale
-        upper = upper_count(structure.k, structure.fraction, size)
-        # Top-K's key chunks (RandomMask, which also runs here, has none).
-        chunk = min(size, max(getattr(structure, "chunk_size", 0), upper))
-        scores_per_query = size if upper * _DENSE_SCORES_FROM >= size else upper * dim
-        # The backward pass holds the gathered keys and values and their gradients.
-        per_query = max(scores_per_query, 2 * upper + chunk, 2 * upper * max(dim, ev))
-        block = structure._block_length(batch * heads, per_query, length)
-        k_flat = k.reshape(batch * heads * size, dim)
-        v_flat = v.reshape(batch * heads * size, ev)
-        out = q.new_empty(batch, heads, length, ev)
-        supports: list[tuple[Tensor, Tensor | None]] = []
-        pieces = structure._support_blocks(
-            q, k, scale=scale_any, bias=bias, causal=causal, block=block
-        )
-        for piece in pieces:
-            o, _ = structure._associate_gathered(
-                q[:, :, piece.start : piece.stop],
-                k_flat,
-                v_flat,
-                piece.idx,
-                piece.keep,
-                piece.scores,
-                size=size,
-                offset=size - length,
-                start=piece.start,
-                separation=separation,
-                scale=piece.scale,
-                bias=piece.bias,
-                causal=causal,
-                dropout=0.0,
-                return_weights=False,
-            )
-            out[:, :, piece.start : piece.stop] = o
-            small = piece.idx.to(torch.int32) if size < 2**31 else piece.idx
-            supports.append((small, piece.keep))
-        ctx.save_for_backward(q, k, v, scale, bias)
-        ctx.supports, ctx.block, ctx.float_scale = supports, block, float_scale
-        ctx.separation, ctx.causal = separation, causal
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        from hopfield.functional.efficient import _rows as scale_rows
-
-        q, k, v, scale, bias = ctx.saved_tensors
-        batch, heads, length, dim = q.shape
-        size, ev = k.shape[-2], v.shape[-1]
-        k_flat = k.reshape(batch * heads * size, dim)
-        v_flat = v.reshape(batch * heads * size, ev)
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k_flat)
-        dv = torch.zeros_like(v_flat)
-        scale_leaf = None
-        dscale = None
-        if scale is not None:
-            scale_leaf = scale.detach().requires_grad_(ctx.needs_input_grad[3])
-            dscale = torch.zeros_like(scale) if ctx.needs_input_grad[3] else None
-        base = torch.arange(batch * heads, device=q.device).view(batch, heads, 1, 1) * size
-        grad = grad.contiguous()
-        for number, start in enumerate(range(0, length, ctx.block)):
-            stop = min(start + ctx.block, length)
-            idx, keep = ctx.supports[number]
-            idx = idx.to(torch.int64)
-            rows = idx.shape[-2]
-            flat = base + idx
-            g = grad[:, :, start:stop]
-            with torch.enable_grad():
-                q_leaf = q[:, :, start:stop].detach().requires_grad_()
-                keys = F.embedding(flat, k_flat).detach().requires_grad_()  # (B, H, Lc, K, E)
-                scale_block = scale_rows(
-                    ctx.float_scale if scale_leaf is None else scale_leaf, start, stop, length
-                )
-                scores = torch.matmul(keys, q_leaf.unsqueeze(-1)).squeeze(-1) * scale_block
-                bias_block = _rows(bias, start, stop, length)
-                if bias_block is not None:
-                    scores = scores + (
-                        bias_block
-                        if bias_block.shape[-1] == 1
-                        else torch.gather(bias_block.expand(*idx.shape[:-1], size), -1, idx)
-                    )
-                blocked = None if keep is None else ~keep
-                if ctx.causal:
-                    query = torch.arange(start, stop, device=q.device).view(rows, 1)
-                    beyond = idx > query + (size - length)
-                    blocked = beyond if blocked is None else blocked | beyond
-                if blocked is not None:
-                    scores = scores.masked_fill(blocked, -math.inf)
-                weights = ctx.separation(scores)
-                values = F.embedding(flat, v_flat)  # (B, H, Lc, K, Ev)
-                d_weights = torch.matmul(values, g.unsqueeze(-1)).squeeze(-1).to(weights.dtype)
-                del values
-                inputs = [q_leaf, keys] + ([scale_leaf] if dscale is not None else [])
-                grads = torch.autograd.grad(weights, inputs, d_weights)
-            dq[:, :, start:stop] = grads[0]
-            positions = flat.reshape(-1)
-            dk.index_add_(0, positions, grads[1].reshape(-1, dim))
-            contribution = weights.detach().to(g.dtype).unsqueeze(-1) * g.unsqueeze(-2)
-            dv.index_add_(0, positions, contribution.reshape(-1, ev))
-            if dscale is not None:
-                dscale += grads[2]
-        return (
-            dq,
-            dk.view_as(k),
-            dv.view_as(v),
-            dscale,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def topk_recomputed(
-    structure: Any,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    separation: Any,
-    scale: float | Tensor,
-    bias: Tensor | None,
-    causal: bool,
-) -> Tensor:
-    """:class:`~hopfield.functional.efficient.TopK` association (no dropout, no weights) whose
-    backward pass recomputes the kept scores from the stored key indices."""
-    scale_t = scale if isinstance(scale, Tensor) else None
-    out: Tensor = _TopKRecomputed.apply(
-        q,
-        k,
-        v,
-        scale_t,
-        0.0 if isinstance(scale, Tensor) else float(scale),
-        structure,
-        separation,
-        bias,
-        bool(causal),
-    )
-    return out

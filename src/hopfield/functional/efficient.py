@@ -22,12 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
+from hopfield.functional import native
 from hopfield.functional.separation import Separation, SoftmaxN
 from hopfield.functional.structures import Dense, Scale, Structure
 
@@ -96,6 +98,31 @@ def _take_columns(t: Tensor, idx: Tensor) -> Tensor:
     return torch.gather(full, -1, idx)
 
 
+def kept_scores(
+    scores: Tensor,
+    idx: Tensor,
+    keep: Tensor | None,
+    bias: Tensor | None,
+    *,
+    start: int,
+    offset: int,
+    causal: bool,
+) -> Tensor:
+    """The scores ``(B, H, Lc, K)`` of the gathered keys ``idx`` of the queries
+    ``start..start+Lc-1`` with the mask's ``bias`` (rows already restricted to the block) added
+    and ``-inf`` in the slots outside the support: not in ``keep``, or (``causal``) beyond
+    ``query + offset`` (``offset = S - L``)."""
+    if bias is not None:
+        scores = scores + _take_columns(bias, idx)
+    blocked = None if keep is None else ~keep
+    if causal:
+        rows = idx.shape[-2]
+        query = torch.arange(start, start + rows, device=idx.device).view(rows, 1)
+        beyond = idx > query + offset
+        blocked = beyond if blocked is None else blocked | beyond
+    return scores if blocked is None else scores.masked_fill(blocked, -math.inf)
+
+
 def _check_count(k: int | None, fraction: float | None) -> tuple[int | None, float | None]:
     if (k is None) == (fraction is None):
         raise ValueError("give exactly one of k and fraction")
@@ -141,24 +168,84 @@ _DENSE_SCORES_FROM = 8
 
 # Scores per piece of Top-K's support search (kept small enough to stay in cache).
 _SCORE_PIECE = 1 << 21
+# Keys per score chunk of Top-K's support search, with and without the native kernels.
+_NATIVE_KEY_CHUNK = 2048
+_KEY_CHUNK = 4096
 # Gathered keys per piece of :func:`_gathered_scores` (kept small enough to stay in cache).
 _GATHER_PIECE = 1 << 19
 
 
-def _gathered_scores(q: Tensor, k_flat: Tensor, flat: Tensor) -> Tensor:
-    """``⟨q_i, k_flat[flat_ij]⟩``: scores ``(B, H, Lc, K)`` of the queries ``q (B, H, Lc, E)``
-    against their gathered keys, in pieces of rows whose gathered keys stay in cache (a
-    product and a sum, not a batch of matrix-vector products)."""
-    batch, heads, rows, slots = flat.shape
-    dim = k_flat.shape[-1]
-    step = max(1, _GATHER_PIECE // max(1, batch * heads * slots * dim))
+def _gathered_dot_torch(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
+    """:func:`gathered_dot` in PyTorch operations, in pieces of rows whose gathered rows of
+    ``table`` stay in cache (a product and a sum, not a batch of matrix-vector products)."""
+    slots, dim = idx.shape[-1], a.shape[-1]
+    rows_a, rows_idx = a.reshape(-1, dim), idx.reshape(-1, slots)
+    step = max(1, _GATHER_PIECE // max(1, slots * dim))
     pieces = []
-    for lo in range(0, rows, step):
-        hi = min(lo + step, rows)
-        keys = k_flat.index_select(0, flat[:, :, lo:hi].reshape(-1))
-        keys = keys.view(batch, heads, hi - lo, slots, dim)
-        pieces.append((keys * q[:, :, lo:hi].unsqueeze(-2)).sum(-1))
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+    for lo in range(0, rows_a.shape[0], step):
+        hi = min(lo + step, rows_a.shape[0])
+        gathered = table.index_select(0, rows_idx[lo:hi].reshape(-1)).view(hi - lo, slots, dim)
+        pieces.append((gathered * rows_a[lo:hi].unsqueeze(-2)).sum(-1))
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return out.view(idx.shape)
+
+
+class _NativeGatheredDot(torch.autograd.Function):
+    """:func:`gathered_dot` on the native kernels; its gradients are a weighted sum of gathered
+    rows (``embedding_bag``) for ``a`` and a scatter of outer products for ``table``."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
+        ctx.save_for_backward(a, table, idx)
+        return native.gather_dot(a, table, idx)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        a, table, idx = ctx.saved_tensors
+        da = dtable = None
+        if ctx.needs_input_grad[0]:
+            da = gathered_sum(idx, table, grad).view_as(a)
+        if ctx.needs_input_grad[1]:
+            dtable = scatter_outer(torch.zeros_like(table), idx, grad, a)
+        return da, dtable, None
+
+
+def gathered_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
+    """``out[..., j] = ⟨a[...], table[idx[..., j]]⟩``: the products ``(..., K)`` of the rows
+    ``a (..., E)`` with their gathered rows of ``table (M, E)`` (``idx (..., K)``, int64), with
+    gradients to ``a`` and ``table``. On CPU float32/float64 the native kernel
+    (:mod:`hopfield.functional.native`) reads each gathered row once; elsewhere PyTorch
+    operations in cache-sized pieces."""
+    if native.available(a, table):
+        out: Tensor = _NativeGatheredDot.apply(a, table, idx)
+        return out
+    return _gathered_dot_torch(a, table, idx)
+
+
+def gathered_sum(idx: Tensor, table: Tensor, weights: Tensor) -> Tensor:
+    """``out[...] = Σ_j weights[..., j] · table[idx[..., j]]``: ``(..., E)`` from
+    ``idx``/``weights (..., K)`` and ``table (M, E)``, through ``embedding_bag`` (never the
+    ``(..., K, E)`` gathered rows)."""
+    slots = idx.shape[-1]
+    out = F.embedding_bag(
+        idx.reshape(-1, slots),
+        table,
+        per_sample_weights=weights.reshape(-1, slots).to(table.dtype),
+        mode="sum",
+    )
+    return out.view(*idx.shape[:-1], table.shape[-1])
+
+
+def scatter_outer(dst: Tensor, idx: Tensor, weights: Tensor, src: Tensor) -> Tensor:
+    """``dst[idx[..., j]] += weights[..., j] · src[...]`` in place (and returned), for
+    ``dst (M, E)``, ``idx``/``weights (..., K)``, ``src (..., E)``; no autograd. The native
+    kernel skips zero weights; the PyTorch path adds the outer products with ``index_add_``."""
+    if native.available(dst, weights, src) and dst.is_contiguous():
+        return native.scatter_outer(dst, idx, weights, src)
+    dim = dst.shape[-1]
+    products = weights.unsqueeze(-1).to(src.dtype) * src.unsqueeze(-2)
+    return dst.index_add_(0, idx.reshape(-1), products.reshape(-1, dim).to(dst.dtype))
 
 
 class _GatheredStructure(Structure):
@@ -186,9 +273,7 @@ class _GatheredStructure(Structure):
     ) -> Tensor:
         """The association ``(B, H, L, Ev)`` that keeps only the selected key indices for the
         backward pass and recomputes their scores there
-        (:func:`hopfield.functional.blockwise.topk_recomputed`)."""
-        from hopfield.functional.blockwise import topk_recomputed
-
+        (:func:`topk_recomputed`)."""
         return topk_recomputed(
             self,
             q,
@@ -232,30 +317,21 @@ class _GatheredStructure(Structure):
         batch, heads, rows, slots = idx.shape
         base = torch.arange(batch * heads, device=idx.device).view(batch, heads, 1, 1) * size
         flat = base + idx
-        blocked = None if keep is None else ~keep
         if scores is None:
             if slots * _DENSE_SCORES_FROM >= size:
                 # Many keys per query: one matrix product of the block is cheaper than a gather.
                 keys = k_flat.view(batch, heads, size, k_flat.shape[-1])
-                scores = torch.matmul(q, keys.transpose(-1, -2)).gather(-1, idx) * scale
+                products = torch.matmul(q, keys.transpose(-1, -2)).gather(-1, idx)
             else:
-                scores = _gathered_scores(q, k_flat, flat) * scale
-            if bias is not None:
-                scores = scores + _take_columns(bias, idx)
-            if causal:
-                query = torch.arange(start, start + rows, device=idx.device).view(rows, 1)
-                beyond = idx > query + offset
-                blocked = beyond if blocked is None else blocked | beyond
-        if blocked is not None:
-            scores = scores.masked_fill(blocked, -math.inf)
+                products = gathered_dot(q, k_flat, flat)
+            scores = kept_scores(
+                products * scale, idx, keep, bias, start=start, offset=offset, causal=causal
+            )
+        elif keep is not None:
+            scores = scores.masked_fill(~keep, -math.inf)
         weights = separation(scores)
         dropped = F.dropout(weights, dropout) if dropout > 0 else weights
-        out = F.embedding_bag(
-            flat.reshape(-1, slots),
-            v_flat,
-            per_sample_weights=dropped.reshape(-1, slots).to(v_flat.dtype),
-            mode="sum",
-        ).view(batch, heads, rows, v_flat.shape[-1])
+        out = gathered_sum(flat, v_flat, dropped)
         if not return_weights:
             return out, None
         dense = weights.new_zeros(batch, heads, rows, size)
@@ -362,6 +438,34 @@ class _GatheredStructure(Structure):
         raise NotImplementedError
 
 
+def _running_top(
+    best_scores: Tensor | None, best_idx: Tensor | None, scores: Tensor, count: int, offset: int
+) -> tuple[Tensor, Tensor]:
+    """The ``count`` largest of a running selection ``(best_scores, best_idx)`` (``(..., C)``,
+    ``None`` before the first chunk) and of a chunk ``scores (..., W)`` whose columns are numbered
+    from ``offset``: the chunk's top (:func:`top_scores`) merged with the selection by a second
+    one. (With the native kernels, :class:`~hopfield.functional.native.RunningTopK` does this
+    without the merges.)"""
+    if best_scores is None or best_idx is None:
+        values, idx = top_scores(scores, min(count, scores.shape[-1]))
+        return values, (idx + offset if offset else idx)
+    chunk_scores, chunk_idx = top_scores(scores, min(count, scores.shape[-1]))
+    merged = torch.cat([best_scores, chunk_scores], dim=-1)
+    merged_idx = torch.cat([best_idx, chunk_idx + offset], dim=-1)
+    values, position = top_scores(merged, min(count, merged.shape[-1]))
+    return values, merged_idx.gather(-1, position)
+
+
+def _product_into(workspace: Tensor, q: Tensor, k: Tensor) -> Tensor:
+    """``q kᵀ`` (``q (B, H, Lc, E)``, ``k (B', H', W, E)``, batch dimensions broadcast) written
+    into the front of the flat ``workspace`` (a fresh tensor when it is too small or of another
+    dtype, e.g. under autocast)."""
+    shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+    if workspace.numel() < math.prod(shape) or workspace.dtype != torch.result_type(q, k):
+        return torch.matmul(q, k.transpose(-1, -2))
+    return torch.matmul(q, k.transpose(-1, -2), out=workspace[: math.prod(shape)].view(shape))
+
+
 def _valid_prefix(
     start: int, stop: int, length: int, size: int, causal: bool, device: torch.device
 ) -> Tensor:
@@ -370,6 +474,169 @@ def _valid_prefix(
     if not causal:
         return torch.full_like(rows, size)
     return (rows + (size - length) + 1).clamp(0, size)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gathered association with recomputation (Top-K and random masks with gradients)
+# ------------------------------------------------------------------------------------------------
+
+
+class _TopKRecomputed(torch.autograd.Function):
+    """Top-K association that saves the kept indices only and recomputes in the backward pass."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: Tensor | None,
+        float_scale: float,
+        structure: Any,
+        separation: Any,
+        bias: Tensor | None,
+        causal: bool,
+    ) -> Tensor:
+        batch, heads, length, dim = q.shape
+        size, ev = k.shape[-2], v.shape[-1]
+        scale_any: Tensor | float = float_scale if scale is None else scale
+        upper = upper_count(structure.k, structure.fraction, size)
+        native_kernels = native.available(q, k, v)
+        # Top-K's key chunks (RandomMask, which also runs here, has none).
+        key_chunk = getattr(structure, "key_chunk", None)
+        chunk = upper if key_chunk is None else key_chunk(size, upper, native_kernels)
+        scores_per_query = size if upper * _DENSE_SCORES_FROM >= size else upper * dim
+        # The backward pass holds a few (Lc, K) tensors; without the native kernels also the
+        # outer products of the scatters, (Lc, K, E).
+        held = 8 * upper if native_kernels else 2 * upper * max(dim, ev)
+        per_query = max(scores_per_query, 2 * upper + chunk, held)
+        block = structure._block_length(batch * heads, per_query, length)
+        k_flat = k.reshape(batch * heads * size, dim)
+        v_flat = v.reshape(batch * heads * size, ev)
+        out = q.new_empty(batch, heads, length, ev)
+        supports: list[tuple[Tensor, Tensor | None]] = []
+        pieces = structure._support_blocks(
+            q, k, scale=scale_any, bias=bias, causal=causal, block=block
+        )
+        for piece in pieces:
+            o, _ = structure._associate_gathered(
+                q[:, :, piece.start : piece.stop],
+                k_flat,
+                v_flat,
+                piece.idx,
+                piece.keep,
+                piece.scores,
+                size=size,
+                offset=size - length,
+                start=piece.start,
+                separation=separation,
+                scale=piece.scale,
+                bias=piece.bias,
+                causal=causal,
+                dropout=0.0,
+                return_weights=False,
+            )
+            out[:, :, piece.start : piece.stop] = o
+            small = piece.idx.to(torch.int32) if size < 2**31 else piece.idx
+            supports.append((small, piece.keep))
+        ctx.save_for_backward(q, k, v, scale, bias)
+        ctx.supports, ctx.block, ctx.float_scale = supports, block, float_scale
+        ctx.separation, ctx.causal = separation, causal
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, scale, bias = ctx.saved_tensors
+        batch, heads, length, dim = q.shape
+        size, ev = k.shape[-2], v.shape[-1]
+        k_flat = k.reshape(batch * heads * size, dim)
+        v_flat = v.reshape(batch * heads * size, ev)
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k_flat)
+        dv = torch.zeros_like(v_flat)
+        scale_leaf = None
+        dscale = None
+        if scale is not None:
+            scale_leaf = scale.detach().requires_grad_(ctx.needs_input_grad[3])
+            dscale = torch.zeros_like(scale) if ctx.needs_input_grad[3] else None
+        base = torch.arange(batch * heads, device=q.device).view(batch, heads, 1, 1) * size
+        grad = grad.contiguous()
+        for number, start in enumerate(range(0, length, ctx.block)):
+            stop = min(start + ctx.block, length)
+            idx, keep = ctx.supports[number]
+            idx = idx.to(torch.int64)
+            flat = base + idx
+            q_block, g = q[:, :, start:stop], grad[:, :, start:stop]
+            # Products with the kept keys and values: (B, H, Lc, K) each.
+            products = gathered_dot(q_block, k_flat, flat)
+            d_weights = gathered_dot(g, v_flat, flat)
+            with torch.enable_grad():
+                products = products.requires_grad_()
+                scale_block = _rows(
+                    ctx.float_scale if scale_leaf is None else scale_leaf, start, stop, length
+                )
+                bias_block = None if bias is None else _rows(bias, start, stop, length)
+                assert not isinstance(bias_block, float)
+                scores = kept_scores(
+                    products * scale_block,
+                    idx,
+                    keep,
+                    bias_block,
+                    start=start,
+                    offset=size - length,
+                    causal=ctx.causal,
+                )
+                weights = ctx.separation(scores)
+                inputs = [products] + (
+                    [scale_leaf] if scale_leaf is not None and dscale is not None else []
+                )
+                grads = torch.autograd.grad(weights, inputs, d_weights.to(weights.dtype))
+            d_products = grads[0].to(q.dtype)
+            dq[:, :, start:stop] = gathered_sum(flat, k_flat, d_products)
+            scatter_outer(dk, flat, d_products, q_block)
+            scatter_outer(dv, flat, weights.detach().to(g.dtype), g)
+            if dscale is not None:
+                dscale += grads[1]
+        return (
+            dq,
+            dk.view_as(k),
+            dv.view_as(v),
+            dscale,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def topk_recomputed(
+    structure: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    separation: Any,
+    scale: float | Tensor,
+    bias: Tensor | None,
+    causal: bool,
+) -> Tensor:
+    """The association of a gathered structure (:class:`TopK`, :class:`RandomMask`; no
+    dropout, no weights) whose backward pass recomputes the kept scores from the stored key
+    indices."""
+    scale_t = scale if isinstance(scale, Tensor) else None
+    out: Tensor = _TopKRecomputed.apply(
+        q,
+        k,
+        v,
+        scale_t,
+        0.0 if isinstance(scale, Tensor) else float(scale),
+        structure,
+        separation,
+        bias,
+        bool(causal),
+    )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,11 +678,16 @@ def top_scores(scores: Tensor, count: int) -> tuple[Tensor, Tensor]:
     few (fewer than ``count`` finite entries) or too many (heavy ties) take the plain
     :meth:`~torch.Tensor.topk` of their whole row. Ties at the ``count``-th entry may keep
     other (equal-scored) columns than a plain ``topk``; the kept scores are the same.
+
+    On CPU float32/float64 the same two passes (group maxima, then the entries above their
+    bound) run fused per row in the native kernel (:func:`hopfield.functional.native.topk`).
     """
     width = scores.shape[-1]
-    if count >= width:
+    if count >= width:  # a copy: callers reuse the buffer of ``scores`` for the next chunk
         idx = torch.arange(width, device=scores.device).expand(scores.shape)
-        return scores, idx
+        return scores.clone(), idx
+    if native.available(scores):
+        return native.topk(scores, count)
     if width < 16 * count:
         values, idx = scores.topk(count, dim=-1, sorted=False)
         return values, idx
@@ -470,13 +742,15 @@ class TopK(_GatheredStructure):
     kept scores (the selection itself is piecewise constant). When gradients are needed (no
     dropout, no ``return_weights``) only the kept indices ``(B, H, L, K)`` are stored and the
     backward pass recomputes each query block's kept scores
-    (:func:`hopfield.functional.blockwise.topk_recomputed`), so training memory is
+    (:func:`topk_recomputed`), so training memory is
     ``O(L · K)`` plus one block.
 
     Args:
         k: number of kept memories per query.
         fraction: alternatively, the fraction of valid memories kept, in ``(0, 1]``.
-        chunk_size: keys per score chunk (at least ``K`` are used).
+        chunk_size: keys per score chunk (at least ``K`` are used); ``None`` (default) takes
+            512 with the native kernels (each chunk continues the running selection in place)
+            and 4096 without (where merging the running selection costs a ``topk`` per chunk).
         max_block_elements: budget of gathered elements per query block.
     """
 
@@ -485,16 +759,23 @@ class TopK(_GatheredStructure):
         k: int | None = None,
         *,
         fraction: float | None = None,
-        chunk_size: int = 4096,
+        chunk_size: int | None = None,
         max_block_elements: int = 1 << 23,
     ) -> None:
         super().__init__()
         self.k, self.fraction = _check_count(k, fraction)
-        self.chunk_size = _check_positive_int("chunk_size", chunk_size)
+        self.chunk_size = (
+            None if chunk_size is None else _check_positive_int("chunk_size", chunk_size)
+        )
         self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
 
     def extra_repr(self) -> str:
         return f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
+
+    def key_chunk(self, size: int, upper: int, native_kernels: bool) -> int:
+        """Keys per score chunk for ``size`` keys and at most ``upper`` kept per query."""
+        default = _NATIVE_KEY_CHUNK if native_kernels else _KEY_CHUNK
+        return min(size, max(default if self.chunk_size is None else self.chunk_size, upper))
 
     def forward(
         self,
@@ -514,7 +795,7 @@ class TopK(_GatheredStructure):
             return self._recomputed(q, k, v, separation, scale, mask, causal), None
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
-        chunk = min(size, max(self.chunk_size, upper))
+        chunk = self.key_chunk(size, upper, native.available(q, k))
         return self._run(
             q,
             k,
@@ -543,11 +824,20 @@ class TopK(_GatheredStructure):
         """The support search in pieces of queries whose score block stays in cache."""
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
-        chunk = min(size, max(self.chunk_size, upper_count(self.k, self.fraction, size)))
+        chunk = self.key_chunk(size, upper_count(self.k, self.fraction, size), native.available(q))
         step = max(1, _SCORE_PIECE // max(1, batch * heads * chunk))
+        # One buffer for every piece's scores: a fresh one per piece costs page faults.
+        workspace = q.new_empty(batch * heads * min(step, rows) * chunk)
         if step >= rows:
             return self._support_piece(
-                q, k, scale=scale, bias=bias, causal=causal, start=start, length=length
+                q,
+                k,
+                scale=scale,
+                bias=bias,
+                causal=causal,
+                start=start,
+                length=length,
+                workspace=workspace,
             )
         parts = []
         for lo in range(0, rows, step):
@@ -564,6 +854,7 @@ class TopK(_GatheredStructure):
                     causal=causal,
                     start=start + lo,
                     length=length,
+                    workspace=workspace,
                 )
             )
         slots = max(p[0].shape[-1] for p in parts)
@@ -601,11 +892,14 @@ class TopK(_GatheredStructure):
         causal: bool,
         start: int,
         length: int,
+        workspace: Tensor,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`), each key chunk's
+        scores computed into ``workspace`` (a flat buffer of at least ``B·H·Lc·chunk``)."""
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
-        chunk = min(size, max(self.chunk_size, upper))
+        chunk = self.key_chunk(size, upper, native.available(q))
         # Causal: no query of the piece sees beyond this column (but keep at least ``upper``).
         end = max(min(size, start + rows + size - length), upper) if causal else size
         query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
@@ -619,27 +913,33 @@ class TopK(_GatheredStructure):
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
         q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
+        selection = (
+            native.RunningTopK(batch * heads * rows, upper, q.dtype)
+            if native.available(q_scaled, k)
+            else None
+        )
         for lo in range(0, end, chunk):
             hi = min(lo + chunk, end)
-            scores = torch.matmul(q_scaled, k[:, :, lo:hi].transpose(-1, -2))
+            scores = _product_into(workspace, q_scaled, k[:, :, lo:hi])
             if bias is not None:
-                scores = scores + (bias if bias.shape[-1] == 1 else bias[..., lo:hi])
+                piece_bias = bias if bias.shape[-1] == 1 else bias[..., lo:hi]
+                if torch.broadcast_shapes(scores.shape, piece_bias.shape) == scores.shape:
+                    scores.add_(piece_bias)
+                else:
+                    scores = scores + piece_bias
             if causal:
                 cols = torch.arange(lo, hi, device=q.device).view(1, hi - lo)
-                scores = scores.masked_fill(cols > query + (size - length), -math.inf)
+                scores.masked_fill_(cols > query + (size - length), -math.inf)
             scores = scores.expand(batch, heads, rows, hi - lo)
             if count_valid:
                 valid += torch.isfinite(scores).sum(-1)
-            chunk_scores, chunk_idx = top_scores(scores, min(upper, hi - lo))
-            if lo:
-                chunk_idx = chunk_idx + lo
-            if best_scores is not None and best_idx is not None:
-                merged = torch.cat([best_scores, chunk_scores], dim=-1)
-                merged_idx = torch.cat([best_idx, chunk_idx], dim=-1)
-                best_scores, position = merged.topk(upper, dim=-1, sorted=False)
-                best_idx = merged_idx.gather(-1, position)
+            if selection is not None:
+                selection.push(scores, offset=lo)
             else:
-                best_scores, best_idx = chunk_scores, chunk_idx
+                best_scores, best_idx = _running_top(best_scores, best_idx, scores, upper, lo)
+        if selection is not None:
+            found = selection.result()
+            best_scores, best_idx = (t.view(batch, heads, rows, upper) for t in found)
         assert best_idx is not None and best_scores is not None
         kept = support_size(valid, self.k, self.fraction)
         slots = best_idx.shape[-1]
@@ -788,14 +1088,14 @@ def _index_sampler_applies(upper: int, size: int, causal: bool) -> bool:
     return 2 * upper <= size and (not causal or upper * upper <= 4 * size)
 
 
-# With gradients, random masks take the fused dense kernel with an additive mask of the sampled
-# subsets when ``S <= _MASKED_KERNEL_RATIO · k`` and the mask has at most
-# ``_MASKED_KERNEL_ELEMENTS`` entries (128 MiB in float32). Measured on the 2-core CPU (k = 64,
-# E = 64, B1 H8, ratio to plain SDPA, forward + backward): 1.6 x at S = 1k and 1.5 x at 2k
-# against 4.3 x and 2.1 x for the gathered path, which wins from 4k. Without gradients the
-# gathered path is as fast or faster (k = 64: 2.6 x against 2.8 x at 1k; the efficiency
-# experiment's k = 0.9 S at d = 16: the sampler dominates both) and keeps its memory within the
-# block budget, so the mask serves only the gradient path.
+# Without the native kernels (GPUs, half precision, no C compiler), random masks with gradients
+# take the fused dense kernel with an additive mask of the sampled subsets when
+# ``S <= _MASKED_KERNEL_RATIO · k`` and the mask has at most ``_MASKED_KERNEL_ELEMENTS`` entries
+# (128 MiB in float32). Measured on the 2-core CPU with PyTorch's gathers (k = 64, E = 64, B1 H8,
+# ratio to plain SDPA, forward + backward): 1.6 x at S = 1k and 1.5 x at 2k against 4.3 x and
+# 2.1 x for the gathered path, which wins from 4k. With the native kernels the gathered path wins
+# at every size (0.9 x at 1k, 0.3 x at 2k). Without gradients the gathered path is as fast or
+# faster and keeps its memory within the block budget, so the mask serves only the gradient path.
 _MASKED_KERNEL_RATIO = 32
 _MASKED_KERNEL_ELEMENTS = 1 << 25
 
@@ -813,11 +1113,13 @@ def _masked_kernel_applies(
 ) -> bool:
     """Whether a random-mask association takes :meth:`RandomMask._masked_kernel`: gradients
     needed, a Softmax_n separation (the fused kernels' family), no dropout, no weights, a mask
-    without gradients, and a size where the ``L × S`` mask is the cheaper way."""
+    without gradients, no native kernels and a size where the ``L × S`` mask is the cheaper
+    way."""
     batch, heads, length, _ = q.shape
     size = k.shape[-2]
     return (
-        isinstance(separation, SoftmaxN)
+        not native.available(q, k, v)
+        and isinstance(separation, SoftmaxN)
         and dropout == 0.0
         and not return_weights
         and (mask is None or not mask.requires_grad)

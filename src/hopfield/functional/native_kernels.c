@@ -1,0 +1,340 @@
+/* CPU kernels of hopfield.functional.native: the row-wise selection and the gathered products
+ * behind Top-K and random-mask attention. Compiled on first use by native.py (plain C, no
+ * PyTorch headers, so it builds in a second), loaded with ctypes and called on the data of
+ * contiguous tensors. Every function has a float and a double version (name_f32, name_f64) and
+ * splits its rows over `threads` threads of PyTorch's OpenMP pool (POSIX threads without OpenMP).
+ *
+ * hop_topk_push/finish: the k largest entries of each row, fed in chunks of columns, unsorted.
+ * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
+ * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_THREADS 256
+
+typedef void (*range_fn)(void *args, int64_t lo, int64_t hi);
+
+#ifdef _OPENMP
+#include <omp.h>
+
+/* Run fn over [0, n) in `threads` contiguous ranges on the OpenMP runtime PyTorch has loaded
+ * (libgomp.so.1 is already in the process, so this library shares its thread pool: no second
+ * set of threads competes with PyTorch's spinning workers). */
+static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        if (n > 0) fn(args, 0, n);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t t = omp_get_thread_num(), used = omp_get_num_threads();
+        int64_t lo = n * t / used, hi = n * (t + 1) / used;
+        if (lo < hi) fn(args, lo, hi);
+    }
+}
+#else
+#define MAX_THREADS 256
+
+typedef struct {
+    range_fn fn;
+    void *args;
+    int64_t lo, hi;
+} job_t;
+
+static void *run_job(void *p) {
+    job_t *job = (job_t *)p;
+    job->fn(job->args, job->lo, job->hi);
+    return NULL;
+}
+
+/* Without OpenMP: the same split over POSIX threads (the calling thread takes the first). */
+static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        if (n > 0) fn(args, 0, n);
+        return;
+    }
+    job_t jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 0; t < threads; t++) {
+        jobs[t].fn = fn;
+        jobs[t].args = args;
+        jobs[t].lo = n * t / threads;
+        jobs[t].hi = n * (t + 1) / threads;
+        started[t] = 0;
+    }
+    for (int t = 1; t < threads; t++)
+        started[t] = pthread_create(&ids[t], NULL, run_job, &jobs[t]) == 0;
+    run_job(&jobs[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            run_job(&jobs[t]); /* no thread to be had: do its share here */
+    }
+}
+#endif
+
+/* Capacity of a row's buffer and the modes of its running selection (see state_f32). */
+#define CAP(k) (4 * (k))
+#define FRESH 0
+#define BOUND 1
+#define STRICT 2
+
+/* Order of the selection: larger first, NaN above everything (as torch.topk). */
+#define ABOVE(a, b) ((a) > (b) || ((a) != (a) && (b) == (b)))
+
+#define DEFINE_KERNELS(T, SUFFIX)                                                                 \
+                                                                                                  \
+    /* An unsigned key of each value that orders as the value (NaN above +inf), from its bits. */ \
+    static inline KEY key_##SUFFIX(T value) {                                                     \
+        KEY bits;                                                                                 \
+        if (value != value) return ~(KEY)0;                                                       \
+        memcpy(&bits, &value, sizeof(bits));                                                      \
+        return (bits & SIGN_##SUFFIX) ? ~bits : bits | SIGN_##SUFFIX;                             \
+    }                                                                                             \
+                                                                                                  \
+    static inline T value_##SUFFIX(KEY key) {                                                     \
+        KEY bits = (key & SIGN_##SUFFIX) ? key ^ SIGN_##SUFFIX : ~key;                            \
+        T value;                                                                                  \
+        memcpy(&value, &bits, sizeof(value));                                                     \
+        return value;                                                                             \
+    }                                                                                             \
+                                                                                                  \
+    /* Radix select on the `bits` highest bits of the keys: the largest prefix p with at least k  \
+     * keys >= p. With every bit it is the k-th largest key; with fewer, a lower bound of it.   \
+     * Each step is one branch-free counting pass. */                                            \
+    static KEY kth_key_##SUFFIX(const KEY *keys, int64_t n, int64_t k, int bits) {                \
+        const int width = (int)(8 * sizeof(KEY));                                                 \
+        KEY prefix = 0;                                                                           \
+        for (int b = width - 1; b >= width - bits; b--) {                                         \
+            KEY candidate = prefix | ((KEY)1 << b);                                               \
+            KEY count = 0; /* as wide as the keys: the counting pass vectorizes */               \
+            for (int64_t i = 0; i < n; i++) count += keys[i] >= candidate;                        \
+            if (count >= (KEY)k) prefix = candidate;                                              \
+        }                                                                                         \
+        return prefix;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    /* Keep the k largest of the n buffered entries (first columns among ties), in place. */     \
+    static KEY cut_##SUFFIX(T *vals, int64_t *cols, KEY *keys, int64_t n, int64_t k) {            \
+        for (int64_t i = 0; i < n; i++) keys[i] = key_##SUFFIX(vals[i]);                          \
+        KEY kth = kth_key_##SUFFIX(keys, n, k, (int)(8 * sizeof(KEY)));                           \
+        int64_t above = 0;                                                                        \
+        for (int64_t i = 0; i < n; i++) above += keys[i] > kth;                                   \
+        /* one pass in column order: all entries above the k-th, then the first ties */           \
+        int64_t m = 0, ties = k - above;                                                          \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            int take = keys[i] > kth || (keys[i] == kth && ties > 0);                             \
+            if (!take) continue;                                                                  \
+            if (keys[i] == kth) ties--;                                                           \
+            vals[m] = vals[i]; cols[m] = cols[i]; m++;                                            \
+        }                                                                                         \
+        return kth;                                                                               \
+    }                                                                                             \
+                                                                                                  \
+    /* A running selection per row: up to CAP(k) + 16 buffered entries (values, columns), their   \
+     * number, a threshold and a mode: FRESH (nothing seen), BOUND (entries >= threshold enter; the\
+     * threshold is a lower bound of the row's k-th largest) or STRICT (entries above threshold enter;\
+     * the buffer holds k entries >= it). */                                                      \
+    typedef struct {                                                                              \
+        T *vals;                                                                                  \
+        int64_t *cols, *count;                                                                    \
+        T *threshold;                                                                             \
+        int32_t *mode;                                                                            \
+        int64_t k;                                                                                \
+    } state_##SUFFIX;                                                                             \
+                                                                                                  \
+    /* Feed the columns [offset, offset + width) of each row, x (R, width) with row stride `stride`.\
+     * A fresh row takes as its bound the k-th largest (radix select on the top bits) of the maxima\
+     * of G = min(2k, W) strided groups of columns (j mod G): k distinct entries, k group maxima, are\
+     * >= it, so it bounds the row's k-th largest from below (about 1.5k entries pass it for scores\
+     * without structure). Every entry is then written at the buffer's end, which advances only past\
+     * those that pass (branch-free); a full buffer is cut to its k largest (from then on STRICT). */\
+    typedef struct {                                                                              \
+        const T *x;                                                                               \
+        int64_t width, stride, offset;                                                            \
+        state_##SUFFIX st;                                                                        \
+    } push_args_##SUFFIX;                                                                         \
+                                                                                                  \
+    static void push_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
+        push_args_##SUFFIX *a = (push_args_##SUFFIX *)p;                                          \
+        const int64_t k = a->st.k, width = a->width, cap = CAP(k), span = cap + 16;               \
+        const int64_t groups = 2 * k < width ? 2 * k : width;                                     \
+        const int64_t scratch = span > groups ? span : groups;                                    \
+        T *maxima = (T *)malloc(sizeof(T) * groups);                                              \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * scratch);                                         \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            const T *row = a->x + r * a->stride;                                                  \
+            T *buf = a->st.vals + r * span;                                                       \
+            int64_t *col = a->st.cols + r * span;                                                 \
+            int64_t n = a->st.count[r];                                                           \
+            T threshold = a->st.threshold[r];                                                     \
+            int32_t mode = a->st.mode[r];                                                         \
+            if (mode == FRESH) {                                                                  \
+                threshold = -INFINITY; /* fewer than k columns: every entry enters */             \
+                if (width >= k) {                                                                 \
+                    memcpy(maxima, row, sizeof(T) * groups);                                      \
+                    int64_t c = groups;                                                           \
+                    for (; c + groups <= width; c += groups)                                      \
+                        for (int64_t g = 0; g < groups; g++) {                                    \
+                            T value = row[c + g];                                                 \
+                            maxima[g] = value > maxima[g] ? value : maxima[g];                    \
+                        }                                                                         \
+                    for (int64_t g = 0; c + g < width; g++) {                                     \
+                        T value = row[c + g];                                                     \
+                        maxima[g] = value > maxima[g] ? value : maxima[g];                        \
+                    }                                                                             \
+                    for (int64_t g = 0; g < groups; g++) keys[g] = key_##SUFFIX(maxima[g]);       \
+                    threshold = value_##SUFFIX(kth_key_##SUFFIX(keys, groups, k, BOUND_BITS));    \
+                }                                                                                 \
+                mode = BOUND;                                                                     \
+            }                                                                                     \
+            const int64_t offset = a->offset;                                                     \
+            for (int64_t j = 0; j < width; j += 16) {                                             \
+                int64_t end = j + 16 < width ? j + 16 : width;                                    \
+                if (mode == STRICT)                                                               \
+                    for (int64_t i = j; i < end; i++) {                                           \
+                        T value = row[i];                                                         \
+                        buf[n] = value; col[n] = offset + i; n += ABOVE(value, threshold);        \
+                    }                                                                             \
+                else                                                                              \
+                    for (int64_t i = j; i < end; i++) {                                           \
+                        T value = row[i];                                                         \
+                        buf[n] = value; col[n] = offset + i; n += !(value < threshold);           \
+                    }                                                                             \
+                if (n >= cap) {                                                                   \
+                    threshold = value_##SUFFIX(cut_##SUFFIX(buf, col, keys, n, k));               \
+                    n = k;                                                                        \
+                    mode = STRICT;                                                                \
+                }                                                                                 \
+            }                                                                                     \
+            a->st.count[r] = n;                                                                   \
+            a->st.threshold[r] = threshold;                                                       \
+            a->st.mode[r] = mode;                                                                 \
+        }                                                                                         \
+        free(maxima);                                                                             \
+        free(keys);                                                                               \
+    }                                                                                             \
+                                                                                                  \
+    void hop_topk_push_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride,          \
+                                int64_t offset, T *vals, int64_t *cols, int64_t *count, T *threshold,\
+                                int32_t *mode, int64_t k, int threads) {                          \
+        push_args_##SUFFIX a = {x, width, stride, offset, {vals, cols, count, threshold, mode, k}};\
+        parallel_for(push_range_##SUFFIX, &a, rows, threads);                                     \
+    }                                                                                             \
+                                                                                                  \
+    /* The k largest buffered entries of each row into out_vals/out_cols (R, k); rows that saw    \
+     * fewer than k entries are padded with -inf at column 0. */                                  \
+    typedef struct {                                                                              \
+        state_##SUFFIX st;                                                                        \
+        T *out_vals;                                                                              \
+        int64_t *out_cols;                                                                        \
+    } finish_args_##SUFFIX;                                                                       \
+                                                                                                  \
+    static void finish_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                          \
+        finish_args_##SUFFIX *a = (finish_args_##SUFFIX *)p;                                      \
+        const int64_t k = a->st.k, span = CAP(k) + 16;                                            \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * span);                                            \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            T *buf = a->st.vals + r * span;                                                       \
+            int64_t *col = a->st.cols + r * span;                                                 \
+            int64_t n = a->st.count[r];                                                           \
+            if (n > k) cut_##SUFFIX(buf, col, keys, n, k);                                        \
+            for (int64_t i = n; i < k; i++) { buf[i] = -INFINITY; col[i] = 0; }                   \
+            memcpy(a->out_vals + r * k, buf, sizeof(T) * k);                                      \
+            memcpy(a->out_cols + r * k, col, sizeof(int64_t) * k);                                \
+        }                                                                                         \
+        free(keys);                                                                               \
+    }                                                                                             \
+                                                                                                  \
+    void hop_topk_finish_##SUFFIX(int64_t rows, T *vals, int64_t *cols, int64_t *count, int64_t k,\
+                                  T *out_vals, int64_t *out_cols, int threads) {                  \
+        finish_args_##SUFFIX a = {{vals, cols, count, NULL, NULL, k}, out_vals, out_cols};        \
+        parallel_for(finish_range_##SUFFIX, &a, rows, threads);                                   \
+    }                                                                                             \
+                                                                                                  \
+    static inline T dot_##SUFFIX(const T *a, const T *b, int64_t n) {                             \
+        T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                      \
+        int64_t i = 0;                                                                            \
+        for (; i + 8 <= n; i += 8)                                                                \
+            for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];                            \
+        T total = 0;                                                                              \
+        for (; i < n; i++) total += a[i] * b[i];                                                  \
+        for (int u = 0; u < 8; u++) total += acc[u];                                              \
+        return total;                                                                             \
+    }                                                                                             \
+                                                                                                  \
+    typedef struct {                                                                              \
+        const T *a, *table;                                                                       \
+        const int64_t *idx;                                                                       \
+        int64_t slots, dim;                                                                       \
+        T *out;                                                                                   \
+    } gather_dot_args_##SUFFIX;                                                                   \
+                                                                                                  \
+    static void gather_dot_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
+        gather_dot_args_##SUFFIX *g = (gather_dot_args_##SUFFIX *)p;                              \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            const T *ar = g->a + r * g->dim;                                                      \
+            const int64_t *ir = g->idx + r * g->slots;                                            \
+            T *orow = g->out + r * g->slots;                                                      \
+            for (int64_t j = 0; j < g->slots; j++)                                                \
+                orow[j] = dot_##SUFFIX(ar, g->table + ir[j] * g->dim, g->dim);                    \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    void hop_gather_dot_##SUFFIX(const T *a, const T *table, const int64_t *idx, int64_t rows,    \
+                                 int64_t slots, int64_t dim, T *out, int threads) {               \
+        gather_dot_args_##SUFFIX g = {a, table, idx, slots, dim, out};                            \
+        parallel_for(gather_dot_range_##SUFFIX, &g, rows, threads);                               \
+    }                                                                                             \
+                                                                                                  \
+    typedef struct {                                                                              \
+        const T *w, *src;                                                                         \
+        const int64_t *idx;                                                                       \
+        int64_t rows, slots, dim, targets;                                                        \
+        T *dst;                                                                                   \
+    } scatter_args_##SUFFIX;                                                                      \
+                                                                                                  \
+    /* Each thread owns the destination rows [lo, hi) and scans every (r, j): no races. */        \
+    static void scatter_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                         \
+        scatter_args_##SUFFIX *s = (scatter_args_##SUFFIX *)p;                                    \
+        const int64_t dim = s->dim;                                                               \
+        for (int64_t r = 0; r < s->rows; r++) {                                                   \
+            const int64_t *ir = s->idx + r * s->slots;                                            \
+            const T *wr = s->w + r * s->slots;                                                    \
+            const T *sr = s->src + r * dim;                                                       \
+            for (int64_t j = 0; j < s->slots; j++) {                                              \
+                int64_t target = ir[j];                                                           \
+                T weight = wr[j];                                                                 \
+                if (target < lo || target >= hi || weight == 0) continue;                         \
+                T *d = s->dst + target * dim;                                                     \
+                for (int64_t e = 0; e < dim; e++) d[e] += weight * sr[e];                         \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    void hop_scatter_outer_##SUFFIX(const T *w, const int64_t *idx, const T *src, int64_t rows,   \
+                                    int64_t slots, int64_t dim, T *dst, int64_t targets,          \
+                                    int threads) {                                                \
+        scatter_args_##SUFFIX s = {w, src, idx, rows, slots, dim, targets, dst};                  \
+        parallel_for(scatter_range_##SUFFIX, &s, targets, threads);                               \
+    }
+
+#define KEY uint32_t
+#define SIGN_f32 ((uint32_t)1 << 31)
+#define BOUND_BITS 16
+DEFINE_KERNELS(float, f32)
+#undef KEY
+#undef BOUND_BITS
+#define KEY uint64_t
+#define SIGN_f64 ((uint64_t)1 << 63)
+#define BOUND_BITS 19
+DEFINE_KERNELS(double, f64)
