@@ -186,3 +186,15 @@ def test_processes_building_at_once_share_one_cached_library(tmp_path: Path) -> 
     libraries = list(tmp_path.glob("native/*/hopfield_kernels.so"))
     assert len(libraries) == 1
     assert not list(tmp_path.glob("native/*/*.so.tmp*")) and len(list(tmp_path.rglob("*"))) == 3
+
+
+def test_running_topk_restarts_on_its_buffers_for_fewer_rows() -> None:
+    selection = native.RunningTopK(40, 8, torch.float32)
+    for rows in (40, 13):
+        x = torch.randn(rows, 300)
+        selection.restart(rows)
+        selection.push(x[:, :100])
+        selection.push(x[:, 100:])
+        _same_selection(x, 8, *selection.result())
+    with pytest.raises(ValueError, match="rows must lie in"):
+        selection.restart(41)

@@ -824,10 +824,16 @@ class TopK(_GatheredStructure):
         """The support search in pieces of queries whose score block stays in cache."""
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
-        chunk = self.key_chunk(size, upper_count(self.k, self.fraction, size), native.available(q))
+        upper = upper_count(self.k, self.fraction, size)
+        chunk = self.key_chunk(size, upper, native.available(q, k))
         step = max(1, _SCORE_PIECE // max(1, batch * heads * chunk))
-        # One buffer for every piece's scores: a fresh one per piece costs page faults.
+        # One buffer for every piece's scores (and one selection state): fresh ones per piece
+        # cost their page faults again.
         workspace = q.new_empty(batch * heads * min(step, rows) * chunk)
+        selection = None
+        scores_dtype = q.dtype if not isinstance(scale, Tensor) else scale.dtype
+        if native.available(q, k) and torch.promote_types(q.dtype, scores_dtype) == q.dtype:
+            selection = native.RunningTopK(batch * heads * min(step, rows), upper, q.dtype)
         if step >= rows:
             return self._support_piece(
                 q,
@@ -838,6 +844,7 @@ class TopK(_GatheredStructure):
                 start=start,
                 length=length,
                 workspace=workspace,
+                selection=selection,
             )
         parts = []
         for lo in range(0, rows, step):
@@ -855,6 +862,7 @@ class TopK(_GatheredStructure):
                     start=start + lo,
                     length=length,
                     workspace=workspace,
+                    selection=selection,
                 )
             )
         slots = max(p[0].shape[-1] for p in parts)
@@ -893,13 +901,16 @@ class TopK(_GatheredStructure):
         start: int,
         length: int,
         workspace: Tensor,
+        selection: native.RunningTopK | None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`), each key chunk's
-        scores computed into ``workspace`` (a flat buffer of at least ``B·H·Lc·chunk``)."""
+        scores computed into ``workspace`` (a flat buffer of at least ``B·H·Lc·chunk``) and, with
+        the native kernels, ranked by ``selection`` (restarted here), else by
+        :func:`_running_top`."""
         batch, heads, rows, _ = q.shape
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
-        chunk = self.key_chunk(size, upper, native.available(q))
+        chunk = self.key_chunk(size, upper, native.available(q, k))
         # Causal: no query of the piece sees beyond this column (but keep at least ``upper``).
         end = max(min(size, start + rows + size - length), upper) if causal else size
         query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
@@ -913,11 +924,8 @@ class TopK(_GatheredStructure):
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
         q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
-        selection = (
-            native.RunningTopK(batch * heads * rows, upper, q.dtype)
-            if native.available(q_scaled, k)
-            else None
-        )
+        if selection is not None:
+            selection.restart(batch * heads * rows)
         for lo in range(0, end, chunk):
             hi = min(lo + chunk, end)
             scores = _product_into(workspace, q_scaled, k[:, :, lo:hi])

@@ -130,6 +130,7 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
             *(_PTR, _PTR, _PTR, _PTR, _PTR, _INT64, ctypes.c_int),
         ],
         "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
+        "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
         "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
         "hop_scatter_outer": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _INT64, ctypes.c_int],
     }
@@ -223,12 +224,25 @@ class RunningTopK:
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         span = 4 * k + 16
-        self.k, self.rows, self.dtype, self.columns_seen = k, rows, dtype, 0
-        self._values = torch.empty(rows, span, dtype=dtype)
-        self._columns = torch.empty(rows, span, dtype=torch.int64)
-        self._count = torch.zeros(rows, dtype=torch.int64)
-        self._threshold = torch.empty(rows, dtype=dtype)
-        self._mode = torch.zeros(rows, dtype=torch.int32)
+        self.k, self.dtype, self.capacity = k, dtype, rows
+        self._all_values = torch.empty(rows, span, dtype=dtype)
+        self._all_columns = torch.empty(rows, span, dtype=torch.int64)
+        self._all_count = torch.empty(rows, dtype=torch.int64)
+        self._all_threshold = torch.empty(rows, dtype=dtype)
+        self._all_mode = torch.empty(rows, dtype=torch.int32)
+        self.restart(rows)
+
+    def restart(self, rows: int) -> None:
+        """Start a new selection over ``rows <= capacity`` rows, reusing the buffers (a fresh
+        state per block of queries would cost its page faults again)."""
+        if not 0 <= rows <= self.capacity:
+            raise ValueError(f"rows must lie in [0, {self.capacity}], got {rows}")
+        self.rows, self.columns_seen = rows, 0
+        self._values, self._columns = self._all_values[:rows], self._all_columns[:rows]
+        self._count, self._threshold = self._all_count[:rows], self._all_threshold[:rows]
+        self._mode = self._all_mode[:rows]
+        self._count.zero_()
+        self._mode.zero_()
 
     def push(self, x: Tensor, offset: int | None = None) -> None:
         """Feed the next columns ``x (..., W)`` (``rows`` rows in all, of the state's dtype),
@@ -282,14 +296,29 @@ class RunningTopK:
 
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries of each row of ``x (..., W)`` and their columns ``(..., k)``
-    (int64), unsorted, as ``x.topk(k, sorted=False)`` (see :class:`RunningTopK`; one chunk).
+    (int64), unsorted, as ``x.topk(k, sorted=False)`` (:class:`RunningTopK` over one chunk, with
+    one buffer per thread instead of per row).
     Needs ``1 <= k <= W``."""
     width = x.shape[-1]
     if not 1 <= k <= width:
         raise ValueError(f"k must lie in [1, {width}] (the row width), got {k}")
-    selection = RunningTopK(x.numel() // width, k, x.dtype)
-    selection.push(x)
-    values, columns = selection.result()
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+    rows = x.reshape(-1, width)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    values = x.new_empty(rows.shape[0], k)
+    columns = torch.empty(rows.shape[0], k, dtype=torch.int64)
+    _function("hop_topk", x.dtype)(
+        rows.data_ptr(),
+        rows.shape[0],
+        width,
+        rows.stride(0),
+        k,
+        values.data_ptr(),
+        columns.data_ptr(),
+        _threads(),
+    )
     return values.view(*x.shape[:-1], k), columns.view(*x.shape[:-1], k)
 
 

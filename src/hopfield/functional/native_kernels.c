@@ -4,7 +4,8 @@
  * contiguous tensors. Every function has a float and a double version (name_f32, name_f64) and
  * splits its rows over `threads` threads of PyTorch's OpenMP pool (POSIX threads without OpenMP).
  *
- * hop_topk_push/finish: the k largest entries of each row, fed in chunks of columns, unsorted.
+ * hop_topk:          the k largest entries of each row of x (R, W), unsorted, with their columns;
+ * hop_topk_push/finish: the same for rows whose columns arrive in chunks.
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  */
@@ -93,14 +94,7 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
                                                                                                   \
-    /* An unsigned key of each value that orders as the value (NaN above +inf), from its bits. */ \
-    static inline KEY key_##SUFFIX(T value) {                                                     \
-        KEY bits;                                                                                 \
-        if (value != value) return ~(KEY)0;                                                       \
-        memcpy(&bits, &value, sizeof(bits));                                                      \
-        return (bits & SIGN_##SUFFIX) ? ~bits : bits | SIGN_##SUFFIX;                             \
-    }                                                                                             \
-                                                                                                  \
+    /* The value of a key (see keys_of_##SUFFIX). */                                              \
     static inline T value_##SUFFIX(KEY key) {                                                     \
         KEY bits = (key & SIGN_##SUFFIX) ? key ^ SIGN_##SUFFIX : ~key;                            \
         T value;                                                                                  \
@@ -123,19 +117,31 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
         return prefix;                                                                            \
     }                                                                                             \
                                                                                                   \
-    /* Keep the k largest of the n buffered entries (first columns among ties), in place. */     \
-    static KEY cut_##SUFFIX(T *vals, int64_t *cols, KEY *keys, int64_t n, int64_t k) {            \
-        for (int64_t i = 0; i < n; i++) keys[i] = key_##SUFFIX(vals[i]);                          \
-        KEY kth = kth_key_##SUFFIX(keys, n, k, (int)(8 * sizeof(KEY)));                           \
-        int64_t above = 0;                                                                        \
-        for (int64_t i = 0; i < n; i++) above += keys[i] > kth;                                   \
-        /* one pass in column order: all entries above the k-th, then the first ties */           \
-        int64_t m = 0, ties = k - above;                                                          \
+    /* The keys of vals[0..n) (as key_, without branches, so the loop vectorises): the bits with \
+     * the sign flipped (non-negative values) or all bits flipped (negative ones); NaN largest. */ \
+    static void keys_of_##SUFFIX(const T *vals, KEY *keys, int64_t n) {                           \
+        memcpy(keys, vals, sizeof(KEY) * n);                                                      \
         for (int64_t i = 0; i < n; i++) {                                                         \
-            int take = keys[i] > kth || (keys[i] == kth && ties > 0);                             \
-            if (!take) continue;                                                                  \
-            if (keys[i] == kth) ties--;                                                           \
-            vals[m] = vals[i]; cols[m] = cols[i]; m++;                                            \
+            KEY bits = keys[i];                                                                   \
+            KEY negative = (KEY)0 - (bits >> (8 * sizeof(KEY) - 1));                              \
+            KEY key = bits ^ (negative | SIGN_##SUFFIX);                                          \
+            keys[i] = (bits & ~SIGN_##SUFFIX) > INF_##SUFFIX ? ~(KEY)0 : key;                     \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* Keep the k largest of the n buffered entries (first columns among ties), in place, in one  \
+     * branch-free pass in column order: all entries above the k-th, then the first ties. */      \
+    static KEY cut_##SUFFIX(T *vals, int64_t *cols, KEY *keys, int64_t n, int64_t k) {            \
+        keys_of_##SUFFIX(vals, keys, n);                                                          \
+        KEY kth = kth_key_##SUFFIX(keys, n, k, (int)(8 * sizeof(KEY)));                           \
+        KEY above = 0;                                                                            \
+        for (int64_t i = 0; i < n; i++) above += keys[i] > kth;                                   \
+        int64_t m = 0, ties = k - (int64_t)above;                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            int tie = keys[i] == kth && ties > 0;                                                 \
+            ties -= tie;                                                                          \
+            vals[m] = vals[i]; cols[m] = cols[i];                                                 \
+            m += (keys[i] > kth) | tie;                                                           \
         }                                                                                         \
         return kth;                                                                               \
     }                                                                                             \
@@ -164,62 +170,77 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
         state_##SUFFIX st;                                                                        \
     } push_args_##SUFFIX;                                                                         \
                                                                                                   \
-    static void push_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
-        push_args_##SUFFIX *a = (push_args_##SUFFIX *)p;                                          \
-        const int64_t k = a->st.k, width = a->width, cap = CAP(k), span = cap + 16;               \
-        const int64_t groups = 2 * k < width ? 2 * k : width;                                     \
-        const int64_t scratch = span > groups ? span : groups;                                    \
-        T *maxima = (T *)malloc(sizeof(T) * groups);                                              \
-        KEY *keys = (KEY *)malloc(sizeof(KEY) * scratch);                                         \
-        for (int64_t r = lo; r < hi; r++) {                                                       \
-            const T *row = a->x + r * a->stride;                                                  \
-            T *buf = a->st.vals + r * span;                                                       \
-            int64_t *col = a->st.cols + r * span;                                                 \
-            int64_t n = a->st.count[r];                                                           \
-            T threshold = a->st.threshold[r];                                                     \
-            int32_t mode = a->st.mode[r];                                                         \
-            if (mode == FRESH) {                                                                  \
-                threshold = -INFINITY; /* fewer than k columns: every entry enters */             \
-                if (width >= k) {                                                                 \
-                    memcpy(maxima, row, sizeof(T) * groups);                                      \
-                    int64_t c = groups;                                                           \
-                    for (; c + groups <= width; c += groups)                                      \
-                        for (int64_t g = 0; g < groups; g++) {                                    \
-                            T value = row[c + g];                                                 \
-                            maxima[g] = value > maxima[g] ? value : maxima[g];                    \
-                        }                                                                         \
-                    for (int64_t g = 0; c + g < width; g++) {                                     \
+    /* One row of a running selection (see state_##SUFFIX): feed the columns [offset, offset + width)\
+     * of `row`, updating its buffer (buf, col), count, threshold and mode. maxima (2k) and keys  \
+     * (CAP(k) + 16, at least 2k) are scratch. */                                                 \
+    static void push_row_##SUFFIX(const T *row, int64_t width, int64_t offset, int64_t k, T *buf, \
+                                  int64_t *col, int64_t *count, T *bound, int32_t *state, T *maxima,\
+                                  KEY *keys) {                                                    \
+        const int64_t cap = CAP(k), groups = 2 * k < width ? 2 * k : width;                       \
+        int64_t n = *count;                                                                       \
+        T threshold = *bound;                                                                     \
+        int32_t mode = *state;                                                                    \
+        if (mode == FRESH) {                                                                      \
+            threshold = -INFINITY; /* fewer than k columns: every entry enters */                 \
+            if (width >= k) {                                                                     \
+                memcpy(maxima, row, sizeof(T) * groups);                                          \
+                int64_t c = groups;                                                               \
+                for (; c + groups <= width; c += groups)                                          \
+                    for (int64_t g = 0; g < groups; g++) {                                        \
                         T value = row[c + g];                                                     \
                         maxima[g] = value > maxima[g] ? value : maxima[g];                        \
                     }                                                                             \
-                    for (int64_t g = 0; g < groups; g++) keys[g] = key_##SUFFIX(maxima[g]);       \
-                    threshold = value_##SUFFIX(kth_key_##SUFFIX(keys, groups, k, BOUND_BITS));    \
+                for (int64_t g = 0; c + g < width; g++) {                                         \
+                    T value = row[c + g];                                                         \
+                    maxima[g] = value > maxima[g] ? value : maxima[g];                            \
                 }                                                                                 \
-                mode = BOUND;                                                                     \
+                keys_of_##SUFFIX(maxima, keys, groups);                                           \
+                threshold = value_##SUFFIX(kth_key_##SUFFIX(keys, groups, k, BOUND_BITS));        \
             }                                                                                     \
-            const int64_t offset = a->offset;                                                     \
-            for (int64_t j = 0; j < width; j += 16) {                                             \
-                int64_t end = j + 16 < width ? j + 16 : width;                                    \
-                if (mode == STRICT)                                                               \
-                    for (int64_t i = j; i < end; i++) {                                           \
-                        T value = row[i];                                                         \
-                        buf[n] = value; col[n] = offset + i; n += ABOVE(value, threshold);        \
-                    }                                                                             \
-                else                                                                              \
-                    for (int64_t i = j; i < end; i++) {                                           \
-                        T value = row[i];                                                         \
-                        buf[n] = value; col[n] = offset + i; n += !(value < threshold);           \
-                    }                                                                             \
-                if (n >= cap) {                                                                   \
-                    threshold = value_##SUFFIX(cut_##SUFFIX(buf, col, keys, n, k));               \
-                    n = k;                                                                        \
-                    mode = STRICT;                                                                \
-                }                                                                                 \
-            }                                                                                     \
-            a->st.count[r] = n;                                                                   \
-            a->st.threshold[r] = threshold;                                                       \
-            a->st.mode[r] = mode;                                                                 \
+            mode = BOUND;                                                                         \
         }                                                                                         \
+        for (int64_t j = 0; j < width; j += 16) {                                                 \
+            int64_t end = j + 16 < width ? j + 16 : width;                                        \
+            if (mode == STRICT)                                                                   \
+                for (int64_t i = j; i < end; i++) {                                               \
+                    T value = row[i];                                                             \
+                    buf[n] = value; col[n] = offset + i; n += ABOVE(value, threshold);            \
+                }                                                                                 \
+            else                                                                                  \
+                for (int64_t i = j; i < end; i++) {                                               \
+                    T value = row[i];                                                             \
+                    buf[n] = value; col[n] = offset + i; n += !(value < threshold);               \
+                }                                                                                 \
+            if (n >= cap) {                                                                       \
+                threshold = value_##SUFFIX(cut_##SUFFIX(buf, col, keys, n, k));                   \
+                n = k;                                                                            \
+                mode = STRICT;                                                                    \
+            }                                                                                     \
+        }                                                                                         \
+        *count = n;                                                                               \
+        *bound = threshold;                                                                       \
+        *state = mode;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    /* The k largest of a row's n buffered entries into out_vals/out_cols (k each); a row that saw\
+     * fewer than k entries is padded with -inf at column 0. */                                   \
+    static void finish_row_##SUFFIX(T *buf, int64_t *col, int64_t n, int64_t k, KEY *keys,        \
+                                    T *out_vals, int64_t *out_cols) {                             \
+        if (n > k) cut_##SUFFIX(buf, col, keys, n, k);                                            \
+        for (int64_t i = n; i < k; i++) { buf[i] = -INFINITY; col[i] = 0; }                       \
+        memcpy(out_vals, buf, sizeof(T) * k);                                                     \
+        memcpy(out_cols, col, sizeof(int64_t) * k);                                               \
+    }                                                                                             \
+                                                                                                  \
+    static void push_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
+        push_args_##SUFFIX *a = (push_args_##SUFFIX *)p;                                          \
+        const int64_t k = a->st.k, span = CAP(k) + 16;                                            \
+        T *maxima = (T *)malloc(sizeof(T) * 2 * k);                                               \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * (span > 2 * k ? span : 2 * k));                   \
+        for (int64_t r = lo; r < hi; r++)                                                         \
+            push_row_##SUFFIX(a->x + r * a->stride, a->width, a->offset, k, a->st.vals + r * span,\
+                              a->st.cols + r * span, a->st.count + r, a->st.threshold + r,        \
+                              a->st.mode + r, maxima, keys);                                      \
         free(maxima);                                                                             \
         free(keys);                                                                               \
     }                                                                                             \
@@ -231,8 +252,6 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
         parallel_for(push_range_##SUFFIX, &a, rows, threads);                                     \
     }                                                                                             \
                                                                                                   \
-    /* The k largest buffered entries of each row into out_vals/out_cols (R, k); rows that saw    \
-     * fewer than k entries are padded with -inf at column 0. */                                  \
     typedef struct {                                                                              \
         state_##SUFFIX st;                                                                        \
         T *out_vals;                                                                              \
@@ -243,15 +262,9 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
         finish_args_##SUFFIX *a = (finish_args_##SUFFIX *)p;                                      \
         const int64_t k = a->st.k, span = CAP(k) + 16;                                            \
         KEY *keys = (KEY *)malloc(sizeof(KEY) * span);                                            \
-        for (int64_t r = lo; r < hi; r++) {                                                       \
-            T *buf = a->st.vals + r * span;                                                       \
-            int64_t *col = a->st.cols + r * span;                                                 \
-            int64_t n = a->st.count[r];                                                           \
-            if (n > k) cut_##SUFFIX(buf, col, keys, n, k);                                        \
-            for (int64_t i = n; i < k; i++) { buf[i] = -INFINITY; col[i] = 0; }                   \
-            memcpy(a->out_vals + r * k, buf, sizeof(T) * k);                                      \
-            memcpy(a->out_cols + r * k, col, sizeof(int64_t) * k);                                \
-        }                                                                                         \
+        for (int64_t r = lo; r < hi; r++)                                                         \
+            finish_row_##SUFFIX(a->st.vals + r * span, a->st.cols + r * span, a->st.count[r], k,  \
+                                keys, a->out_vals + r * k, a->out_cols + r * k);                  \
         free(keys);                                                                               \
     }                                                                                             \
                                                                                                   \
@@ -259,6 +272,40 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
                                   T *out_vals, int64_t *out_cols, int threads) {                  \
         finish_args_##SUFFIX a = {{vals, cols, count, NULL, NULL, k}, out_vals, out_cols};        \
         parallel_for(finish_range_##SUFFIX, &a, rows, threads);                                   \
+    }                                                                                             \
+                                                                                                  \
+    /* One chunk holding the whole rows: a push and a finish per row, on one buffer per thread (no\
+     * state arrays to allocate). */                                                              \
+    typedef struct {                                                                              \
+        const T *x;                                                                               \
+        int64_t width, stride, k;                                                                 \
+        T *out_vals;                                                                              \
+        int64_t *out_cols;                                                                        \
+    } topk_args_##SUFFIX;                                                                         \
+                                                                                                  \
+    static void topk_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
+        topk_args_##SUFFIX *a = (topk_args_##SUFFIX *)p;                                          \
+        const int64_t k = a->k, span = CAP(k) + 16;                                               \
+        T *buf = (T *)malloc(sizeof(T) * (span + 2 * k));                                         \
+        int64_t *col = (int64_t *)malloc(sizeof(int64_t) * span);                                 \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * (span > 2 * k ? span : 2 * k));                   \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            int64_t n = 0;                                                                        \
+            T threshold = 0;                                                                      \
+            int32_t mode = FRESH;                                                                 \
+            push_row_##SUFFIX(a->x + r * a->stride, a->width, 0, k, buf, col, &n, &threshold, &mode,\
+                              buf + span, keys);                                                  \
+            finish_row_##SUFFIX(buf, col, n, k, keys, a->out_vals + r * k, a->out_cols + r * k);  \
+        }                                                                                         \
+        free(buf);                                                                                \
+        free(col);                                                                                \
+        free(keys);                                                                               \
+    }                                                                                             \
+                                                                                                  \
+    void hop_topk_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride, int64_t k,    \
+                           T *out_vals, int64_t *out_cols, int threads) {                         \
+        topk_args_##SUFFIX a = {x, width, stride, k, out_vals, out_cols};                         \
+        parallel_for(topk_range_##SUFFIX, &a, rows, threads);                                     \
     }                                                                                             \
                                                                                                   \
     static inline T dot_##SUFFIX(const T *a, const T *b, int64_t n) {                             \
@@ -330,11 +377,13 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
 
 #define KEY uint32_t
 #define SIGN_f32 ((uint32_t)1 << 31)
+#define INF_f32 ((uint32_t)0x7f800000)
 #define BOUND_BITS 16
 DEFINE_KERNELS(float, f32)
 #undef KEY
 #undef BOUND_BITS
 #define KEY uint64_t
 #define SIGN_f64 ((uint64_t)1 << 63)
+#define INF_f64 ((uint64_t)0x7ff0000000000000)
 #define BOUND_BITS 19
 DEFINE_KERNELS(double, f64)

@@ -68,6 +68,13 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def _take_step(x: Tensor, size: Tensor | float, update: Tensor, *, sign: float) -> Tensor:
+    """``x + sign · size ⊙ update`` in one pass over ``(B, N, d)`` (no separate product)."""
+    if isinstance(size, Tensor):
+        return torch.addcmul(x, size, update, value=sign)
+    return torch.add(x, update, alpha=sign * size)
+
+
 class HyperSETLayer(nn.Module):
     """The shared Hyper-SET layer: attention and feedforward energy-descent steps.
 
@@ -179,8 +186,8 @@ class HyperSETLayer(nn.Module):
             alpha, gamma: step sizes broadcastable to ``(B, N, d)`` (or floats).
             attention_delta, feedforward_delta: optional LoRA weight additions.
         """
-        x = x - alpha * self.attention_step(x, attention_delta)
-        return x + gamma * self.feedforward_step(x, feedforward_delta)
+        x = _take_step(x, alpha, self.attention_step(x, attention_delta), sign=-1.0)
+        return _take_step(x, gamma, self.feedforward_step(x, feedforward_delta), sign=1.0)
 
     @torch.no_grad()
     def energies(self, x: Tensor) -> tuple[Tensor, Tensor]:
