@@ -143,11 +143,13 @@ class HyperSETLayer(nn.Module):
     def projections(self, x: Tensor, weight_delta: Tensor | None = None) -> tuple[Tensor, ...]:
         """The normalised per-head projections ``(zq, zk, zv)``, each ``(B, H, N, p)``."""
         weight = self.qkv.weight if weight_delta is None else self.qkv.weight + weight_delta
-        z = split_heads(F.linear(x, weight), self.num_heads)
+        # Normalised as (B, N, H, p), whose rows are contiguous, then viewed as (B, H, N, p): the
+        # same values as normalising the transposed view, at two thirds of the cost.
+        z = F.linear(x, weight).unflatten(-1, (self.num_heads, self.head_size))
         if not self.separate_qkv_norms:
-            zn = self.qkv_norms[0](z)
+            zn = self.qkv_norms[0](z).transpose(1, 2)
             return zn, zn, zn
-        return tuple(norm(z) for norm in self.qkv_norms)
+        return tuple(norm(z).transpose(1, 2) for norm in self.qkv_norms)
 
     def attention_step(self, x: Tensor, weight_delta: Tensor | None = None) -> Tensor:
         """The attention update ``(B, N, d)`` of eq. (9) (``X ← X - α ⊙ attention_step(X)``).
