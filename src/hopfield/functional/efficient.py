@@ -338,6 +338,42 @@ class _GatheredStructure(Structure):
         # Slots outside the support (weight 0) may repeat an index; add their zeros harmlessly.
         return out, dense.scatter_add(-1, idx, weights)
 
+    def _associate_piece(
+        self,
+        q: Tensor,
+        k_flat: Tensor,
+        v_flat: Tensor,
+        piece: _SupportBlock,
+        *,
+        size: int,
+        reuse_scores: bool,
+        separation: Separation,
+        causal: bool,
+        dropout: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`_associate_gathered` of one query block of :meth:`_support_blocks` (all queries
+        ``q (B, H, L, E)``, ``size`` keys); ``reuse_scores`` takes the scores its support search
+        found."""
+        length = q.shape[-2]
+        return self._associate_gathered(
+            q[:, :, piece.start : piece.stop],
+            k_flat,
+            v_flat,
+            piece.idx,
+            piece.keep,
+            piece.scores if reuse_scores else None,
+            size=size,
+            offset=size - length,
+            start=piece.start,
+            separation=separation,
+            scale=piece.scale,
+            bias=piece.bias,
+            causal=causal,
+            dropout=dropout,
+            return_weights=return_weights,
+        )
+
     def _run(
         self,
         q: Tensor,
@@ -367,19 +403,14 @@ class _GatheredStructure(Structure):
         outs: list[Tensor] = []
         weights: list[Tensor] = []
         for piece in self._support_blocks(q, k, scale=scale, bias=bias, causal=causal, block=block):
-            out, w = self._associate_gathered(
-                q[:, :, piece.start : piece.stop],
+            out, w = self._associate_piece(
+                q,
                 k_flat,
                 v_flat,
-                piece.idx,
-                piece.keep,
-                None if needs_grad else piece.scores,
+                piece,
                 size=size,
-                offset=size - length,
-                start=piece.start,
+                reuse_scores=not needs_grad,
                 separation=separation,
-                scale=piece.scale,
-                bias=piece.bias,
                 causal=causal,
                 dropout=dropout,
                 return_weights=return_weights,
@@ -519,19 +550,14 @@ class _TopKRecomputed(torch.autograd.Function):
             q, k, scale=scale_any, bias=bias, causal=causal, block=block
         )
         for piece in pieces:
-            o, _ = structure._associate_gathered(
-                q[:, :, piece.start : piece.stop],
+            o, _ = structure._associate_piece(
+                q,
                 k_flat,
                 v_flat,
-                piece.idx,
-                piece.keep,
-                piece.scores,
+                piece,
                 size=size,
-                offset=size - length,
-                start=piece.start,
+                reuse_scores=True,
                 separation=separation,
-                scale=piece.scale,
-                bias=piece.bias,
                 causal=causal,
                 dropout=0.0,
                 return_weights=False,
