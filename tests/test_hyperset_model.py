@@ -590,3 +590,23 @@ def test_crate_layer_ista_and_tied_output() -> None:
     dic = layer.dictionary
     expected = F.relu(u + 0.1 * (u @ dic - u @ dic @ dic.T) - 0.01)
     torch.testing.assert_close(layer(x), expected)
+
+
+@pytest.mark.parametrize("shape", [(1,), (6,), (2, 3, 6)])
+def test_layer_steps_match_their_formula_with_gradients_for_broadcast_step_sizes(shape) -> None:
+    """``X - α ⊙ attention_step + γ ⊙ feedforward_step`` (in turn), with gradients (and second
+    derivatives, on the explicit bi-softmax) to X, α and γ of any broadcastable shape."""
+    from hopfield.nn.hyperset import _take_step
+
+    torch.manual_seed(0)
+    layer = HyperSETLayer(6, 2, 4, dtype=D64)
+    x = torch.randn(2, 3, 6, dtype=D64, requires_grad=True)
+    alpha = torch.rand(*shape, dtype=D64, requires_grad=True)
+    gamma = torch.rand(*shape, dtype=D64, requires_grad=True)
+    mid = x - alpha * layer.attention_step(x)
+    expected = mid + gamma * layer.feedforward_step(mid)
+    torch.testing.assert_close(layer(x, alpha, gamma), expected)
+    update = torch.randn(2, 3, 6, dtype=D64, requires_grad=True)
+    assert torch.autograd.gradcheck(_take_step, (x, alpha, update))
+    assert torch.autograd.gradgradcheck(_take_step, (x, alpha, update))
+    torch.testing.assert_close(_take_step(x, 0.5, update), x + 0.5 * update)

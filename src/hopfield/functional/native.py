@@ -44,7 +44,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["RunningTopK", "available", "enabled", "gather_dot", "scatter_outer", "topk"]
+__all__ = [
+    "RunningTopK",
+    "available",
+    "enabled",
+    "gather_dot",
+    "rms_backward",
+    "rms_forward",
+    "scatter_outer",
+    "topk",
+]
 
 _SOURCE = Path(__file__).with_name("native_kernels.c")
 # Tried in turn: OpenMP shares PyTorch's thread pool (its libgomp.so.1 is already loaded), and
@@ -131,6 +140,7 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
         ],
         "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
         "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
+        "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
         "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
         "hop_scatter_outer": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _INT64, ctypes.c_int],
     }
@@ -139,6 +149,10 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
             function = getattr(library, f"{name}_{suffix}")
             function.argtypes = arguments
             function.restype = None
+    for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+        function = getattr(library, f"hop_rms_forward_{suffix}")
+        function.argtypes = [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int]
+        function.restype = None
     return library
 
 
@@ -376,3 +390,50 @@ def scatter_outer(dst: Tensor, idx: Tensor, w: Tensor, src: Tensor) -> Tensor:
         _threads(),
     )
     return dst
+
+
+def rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """``(y, inv)``: ``y = x · inv · weight`` with ``inv = 1 / sqrt(mean(x²) + eps)`` over the
+    last dimension of ``x (..., n)`` (``inv`` is ``(...,)``); ``weight (n,)`` or ``None``.
+    No autograd (see :class:`hopfield.nn.rms_norm.RMSNorm`)."""
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    w = None if weight is None else weight.contiguous()
+    y = torch.empty_like(rows)
+    inv = x.new_empty(rows.shape[0])
+    _function("hop_rms_forward", x.dtype)(
+        rows.data_ptr(),
+        None if w is None else w.data_ptr(),
+        rows.shape[0],
+        width,
+        eps,
+        y.data_ptr(),
+        inv.data_ptr(),
+        _threads(),
+    )
+    return y.view(x.shape), inv.view(x.shape[:-1])
+
+
+def rms_backward(
+    grad: Tensor, x: Tensor, weight: Tensor | None, inv: Tensor, *, weight_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``(dx, dweight)`` of :func:`rms_forward` for the output gradient ``grad``
+    (``dweight`` only with ``weight_grad``). No autograd."""
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    g = grad.reshape(-1, width).contiguous()
+    w = None if weight is None else weight.contiguous()
+    dx = torch.empty_like(rows)
+    dw = x.new_empty(width) if weight_grad else None
+    _function("hop_rms_backward", x.dtype)(
+        g.data_ptr(),
+        rows.data_ptr(),
+        None if w is None else w.data_ptr(),
+        inv.contiguous().data_ptr(),
+        rows.shape[0],
+        width,
+        dx.data_ptr(),
+        None if dw is None else dw.data_ptr(),
+        _threads(),
+    )
+    return dx.view(x.shape), dw

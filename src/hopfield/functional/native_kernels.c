@@ -8,6 +8,7 @@
  * hop_topk_push/finish: the same for rows whose columns arrive in chunks.
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
+ * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
  */
 #include <math.h>
 #include <pthread.h>
@@ -373,7 +374,83 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
                                     int threads) {                                                \
         scatter_args_##SUFFIX s = {w, src, idx, rows, slots, dim, targets, dst};                  \
         parallel_for(scatter_range_##SUFFIX, &s, targets, threads);                               \
-    }
+    }                                                                                             \
+    /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
+    typedef struct {                                                                              \
+        const T *x, *w, *dy;                                                                      \
+        T *y, *inv, *dx, *dw;                                                                     \
+        int64_t rows, n;                                                                          \
+        T eps;                                                                                    \
+    } rms_args_##SUFFIX;                                                                          \
+                                                                                                  \
+    static void rms_forward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                     \
+        rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
+        const int64_t n = a->n;                                                                   \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            const T *x = a->x + r * n;                                                            \
+            T *y = a->y + r * n;                                                                  \
+            T scale = 1 / sqrt(dot_##SUFFIX(x, x, n) / n + a->eps);                               \
+            a->inv[r] = scale;                                                                    \
+            if (a->w)                                                                             \
+                for (int64_t j = 0; j < n; j++) y[j] = x[j] * scale * a->w[j];                    \
+            else                                                                                  \
+                for (int64_t j = 0; j < n; j++) y[j] = x[j] * scale;                              \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* dx = r (g - x r^2 <g, x> / n) with g = dy * w, row by row. */                              \
+    static void rms_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                    \
+        rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
+        const int64_t n = a->n;                                                                   \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            const T *x = a->x + r * n, *dy = a->dy + r * n;                                       \
+            T *dx = a->dx + r * n;                                                                \
+            const T scale = a->inv[r];                                                            \
+            T gx = 0;                                                                             \
+            if (a->w) {                                                                           \
+                T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
+                int64_t j = 0;                                                                    \
+                for (; j + 8 <= n; j += 8)                                                        \
+                    for (int u = 0; u < 8; u++) acc[u] += dy[j + u] * a->w[j + u] * x[j + u];     \
+                for (; j < n; j++) gx += dy[j] * a->w[j] * x[j];                                  \
+                for (int u = 0; u < 8; u++) gx += acc[u];                                         \
+            } else {                                                                              \
+                gx = dot_##SUFFIX(dy, x, n);                                                      \
+            }                                                                                     \
+            const T c = scale * scale * scale * gx / n;                                           \
+            if (a->w)                                                                             \
+                for (int64_t j = 0; j < n; j++) dx[j] = scale * dy[j] * a->w[j] - c * x[j];       \
+            else                                                                                  \
+                for (int64_t j = 0; j < n; j++) dx[j] = scale * dy[j] - c * x[j];                 \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* dw[j] = sum_r dy[r, j] x[r, j] inv[r], each thread owning a range of columns. */           \
+    static void rms_weight_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
+        rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
+        const int64_t n = a->n;                                                                   \
+        for (int64_t j = lo; j < hi; j++) a->dw[j] = 0;                                           \
+        for (int64_t r = 0; r < a->rows; r++) {                                                   \
+            const T *x = a->x + r * n, *dy = a->dy + r * n;                                       \
+            const T scale = a->inv[r];                                                            \
+            for (int64_t j = lo; j < hi; j++) a->dw[j] += dy[j] * x[j] * scale;                   \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    void hop_rms_forward_##SUFFIX(const T *x, const T *w, int64_t rows, int64_t n, T eps, T *y,   \
+                                  T *inv, int threads) {                                          \
+        rms_args_##SUFFIX a = {x, w, NULL, y, inv, NULL, NULL, rows, n, eps};                     \
+        parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads);                              \
+    }                                                                                             \
+                                                                                                  \
+    void hop_rms_backward_##SUFFIX(const T *dy, const T *x, const T *w, const T *inv, int64_t rows,\
+                                   int64_t n, T *dx, T *dw, int threads) {                        \
+        rms_args_##SUFFIX a = {x, w, dy, NULL, (T *)inv, dx, dw, rows, n, 0};                     \
+        parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads);                             \
+        if (dw) parallel_for(rms_weight_range_##SUFFIX, &a, n, threads);                          \
+    }                                                                                             \
+                                                                                                  \
+
 
 #define KEY uint32_t
 #define SIGN_f32 ((uint32_t)1 << 31)

@@ -35,6 +35,7 @@ from hopfield.nn.hyperset_energy import (
     split_heads,
     time_embedding,
 )
+from hopfield.nn.rms_norm import RMSNorm
 
 StepStyle = Literal["plain", "normed", "direct"]
 Condition = Literal["input", "state"]
@@ -68,11 +69,28 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _take_step(x: Tensor, size: Tensor | float, update: Tensor, *, sign: float) -> Tensor:
-    """``x + sign · size ⊙ update`` in one pass over ``(B, N, d)`` (no separate product)."""
+class _StepUpdate(torch.autograd.Function):
+    """``x + size ⊙ update``: one pass forward and one product per input backward
+    (``addcmul``'s own backward also multiplies by its scalar ``value``, a pass each)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, size: Tensor, update: Tensor) -> Tensor:
+        ctx.save_for_backward(size, update)
+        return torch.addcmul(x, size, update)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        size, update = ctx.saved_tensors
+        d_size = (grad * update).sum_to_size(size.shape) if ctx.needs_input_grad[1] else None
+        d_update = (grad * size).sum_to_size(update.shape) if ctx.needs_input_grad[2] else None
+        return grad, d_size, d_update
+
+
+def _take_step(x: Tensor, size: Tensor | float, update: Tensor) -> Tensor:
+    """``x + size ⊙ update`` (``size`` a tensor broadcastable to ``x`` or a float)."""
     if isinstance(size, Tensor):
-        return torch.addcmul(x, size, update, value=sign)
-    return torch.add(x, update, alpha=sign * size)
+        return cast(Tensor, _StepUpdate.apply(x, size, update))
+    return torch.add(x, update, alpha=size)
 
 
 class HyperSETLayer(nn.Module):
@@ -122,9 +140,9 @@ class HyperSETLayer(nn.Module):
         self.mlp = nn.Linear(d_model, self.ff_size, bias=False, **factory)
         roles = 3 if self.separate_qkv_norms else 1
         self.qkv_norms = nn.ModuleList(
-            nn.RMSNorm(self.head_size, eps=norm_eps, **factory) for _ in range(roles)
+            RMSNorm(self.head_size, eps=norm_eps, **factory) for _ in range(roles)
         )
-        self.ff_norm = nn.RMSNorm(self.ff_size, eps=norm_eps, **factory)
+        self.ff_norm = RMSNorm(self.ff_size, eps=norm_eps, **factory)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,10 +178,14 @@ class HyperSETLayer(nn.Module):
                 for the projection and the tied output projection alike.
         """
         self._check_input(x)
+        return self._attention_update(x, weight_delta, negate=False)
+
+    def _attention_update(self, x: Tensor, weight_delta: Tensor | None, *, negate: bool) -> Tensor:
+        """:meth:`attention_step`, or its negative through the (d, d) output weight."""
         zq, zk, zv = self.projections(x, weight_delta)
         y = attention_operator(zq, zk, zv, self.attention, symmetric=not self.separate_qkv_norms)
         weight = self.qkv.weight if weight_delta is None else self.qkv.weight + weight_delta
-        return merge_heads(y) @ weight
+        return merge_heads(y) @ (-weight if negate else weight)
 
     def feedforward_step(self, x: Tensor, weight_delta: Tensor | None = None) -> Tensor:
         """The feedforward update ``(B, N, d)`` of eq. (11): ``X ← X + γ ⊙ feedforward_step(X)``."""
@@ -188,8 +210,9 @@ class HyperSETLayer(nn.Module):
             alpha, gamma: step sizes broadcastable to ``(B, N, d)`` (or floats).
             attention_delta, feedforward_delta: optional LoRA weight additions.
         """
-        x = _take_step(x, alpha, self.attention_step(x, attention_delta), sign=-1.0)
-        return _take_step(x, gamma, self.feedforward_step(x, feedforward_delta), sign=1.0)
+        self._check_input(x)
+        x = _take_step(x, alpha, self._attention_update(x, attention_delta, negate=True))
+        return _take_step(x, gamma, self.feedforward_step(x, feedforward_delta))
 
     @torch.no_grad()
     def energies(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -259,9 +282,9 @@ class StepSizeNetwork(nn.Module):
             self.time_in = nn.Linear(frequency, d_model, **factory)
             self.time_out = nn.Linear(d_model, d_model, **factory)
         if self.style == "normed":
-            self.time_norms.extend(nn.RMSNorm(d_model, **factory) for _ in range(3))
+            self.time_norms.extend(RMSNorm(d_model, **factory) for _ in range(3))
         if self.style != "plain":
-            self.cond_norm = nn.RMSNorm(d_model, **factory)
+            self.cond_norm = RMSNorm(d_model, **factory)
         self.step = nn.Linear(d_model, 2 * d_model, **factory)
         self.reset_parameters()
 
