@@ -198,3 +198,20 @@ def test_running_topk_restarts_on_its_buffers_for_fewer_rows() -> None:
         _same_selection(x, 8, *selection.result())
     with pytest.raises(ValueError, match="rows must lie in"):
         selection.restart(41)
+
+
+def test_floyd_sample_gives_the_subsets_of_the_pytorch_floyd_sample() -> None:
+    from hopfield.functional.efficient import floyd_sample
+
+    gen = torch.Generator().manual_seed(4)
+    n = torch.randint(1, 200, (300,), generator=gen)
+    count = torch.minimum(torch.randint(0, 40, (300,), generator=gen), n)
+    count[:3] = torch.stack([torch.tensor(0), n[1].clamp_max(40), torch.tensor(1)])
+    rand = torch.rand(300, 40, generator=gen)
+    ours = native.floyd_sample(count, n, 40, rand)
+    assert torch.equal(ours, floyd_sample(count, n, 40, rand))
+    for row in range(300):
+        picked = ours[row, : int(count[row])]
+        assert picked.unique().numel() == int(count[row]) and bool((picked < n[row]).all())
+    with pytest.raises(ValueError, match="count must lie"):
+        native.floyd_sample(torch.tensor([5]), torch.tensor([4]), 8, torch.rand(1, 8))

@@ -1098,8 +1098,15 @@ def sample_subsets(
 
     Rows with ``2 · count <= n`` use :func:`rejection_sample` (about ``O(slots · log slots)`` per
     row); the others (nearly full subsets, e.g. the first queries of causal association) use
-    :func:`floyd_sample` (``O(slots²)`` per row). Both draw uniform subsets.
+    :func:`floyd_sample` (``O(slots²)`` per row). Both draw uniform subsets. With the native
+    kernels (CPU) every row takes Floyd's algorithm in C, ``O(slots)`` a row with one uniform per
+    slot (:func:`hopfield.functional.native.floyd_sample`, the same subsets as
+    :func:`floyd_sample` from the same uniforms).
     """
+    rows = n.shape[0]
+    probe = torch.empty(0, dtype=torch.float64, device=n.device)
+    if native.available(probe):
+        return native.floyd_sample(count, n, slots, draw((rows, slots)))
     sparse = 2 * count <= n
     if bool(sparse.all()):
         return rejection_sample(count, n, slots, draw)

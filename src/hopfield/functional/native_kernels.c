@@ -9,6 +9,7 @@
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
+ * hop_floyd:         uniform subsets without replacement per row (Floyd's algorithm).
  */
 #include <math.h>
 #include <pthread.h>
@@ -83,6 +84,43 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
     }
 }
 #endif
+
+/* Floyd's algorithm per row, as hopfield.functional.efficient.floyd_sample: row r draws count[r]
+ * distinct integers of [0, n[r]) from the uniforms rand[r, :count[r]] (slot i picks
+ * floor(u (top + 1)) of [0, top], top = n - count + i, or top itself when the pick is taken);
+ * slots past count[r] hold 0. A byte per key marks the picks (cleared after each row). */
+typedef struct {
+    const double *rand;
+    const int64_t *count, *n;
+    int64_t slots, width;
+    int64_t *out;
+} floyd_args;
+
+static void floyd_range(void *p, int64_t lo, int64_t hi) {
+    floyd_args *a = (floyd_args *)p;
+    unsigned char *taken = (unsigned char *)calloc(a->width > 0 ? a->width : 1, 1);
+    for (int64_t r = lo; r < hi; r++) {
+        const double *u = a->rand + r * a->slots;
+        int64_t *out = a->out + r * a->slots, count = a->count[r], n = a->n[r];
+        for (int64_t i = 0; i < a->slots; i++) out[i] = 0;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t top = n - count + i;
+            int64_t pick = (int64_t)floor(u[i] * (double)(top + 1));
+            if (pick > top) pick = top;
+            if (taken[pick]) pick = top;
+            taken[pick] = 1;
+            out[i] = pick;
+        }
+        for (int64_t i = 0; i < count; i++) taken[out[i]] = 0;
+    }
+    free(taken);
+}
+
+void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_t rows,
+               int64_t slots, int64_t width, int64_t *out, int threads) {
+    floyd_args a = {rand, count, n, slots, width, out};
+    parallel_for(floyd_range, &a, rows, threads);
+}
 
 /* Capacity of a row's buffer and the modes of its running selection (see state_f32). */
 #define CAP(k) (4 * (k))
