@@ -712,3 +712,19 @@ def test_random_mask_masked_kernel_samples_by_query_block(monkeypatch, kernel_pa
     assert torch.equal(kept.sum(-1), visible.sum(-1).clamp(max=3))
     ref, _ = reference(q, k, v, Softmax(), 0.7, kept)
     assert_same(out, ref, (q, k, v))
+
+
+def test_product_into_writes_the_workspace_or_falls_back_to_a_fresh_tensor() -> None:
+    from hopfield.functional.efficient import _product_into
+
+    q, k = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 6, 5)
+    expected = q @ k.transpose(-1, -2)
+    workspace = torch.empty(2 * 3 * 4 * 6 + 7)
+    out = _product_into(workspace, q, k)
+    torch.testing.assert_close(out, expected)
+    assert out.data_ptr() == workspace.data_ptr()
+    small = torch.empty(10)
+    assert _product_into(small, q, k).data_ptr() != small.data_ptr()
+    promoted = _product_into(workspace, q.double(), k.double())  # a float32 workspace
+    assert promoted.dtype == torch.float64 and promoted.data_ptr() != workspace.data_ptr()
+    torch.testing.assert_close(promoted, q.double() @ k.double().transpose(-1, -2))

@@ -132,8 +132,11 @@ def test_available_only_for_cpu_float32_and_float64_and_when_enabled(monkeypatch
     assert not native.available(torch.zeros(2, dtype=torch.float16))
     assert not native.available(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
     assert not native.available(torch.zeros(2, device="meta"))
+    assert not native.available(torch.zeros(2, dtype=torch.int64))  # no floating-point data
+    assert native.usable_on(torch.device("cpu")) and not native.usable_on(torch.device("meta"))
     monkeypatch.setenv("HOPFIELD_NATIVE", "0")
     assert not native.available(torch.zeros(2))
+    assert not native.usable_on(torch.device("cpu"))
 
 
 def _in_fresh_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -54,6 +54,7 @@ __all__ = [
     "rms_forward",
     "scatter_outer",
     "topk",
+    "usable_on",
 ]
 
 _SOURCE = Path(__file__).with_name("native_kernels.c")
@@ -165,8 +166,8 @@ def _library() -> ctypes.CDLL | None:
     compiler = _compiler()
     if compiler is None:
         warnings.warn(
-            "hopfield: no C compiler found (set CC); Top-K and random-mask attention use their "
-            "slower PyTorch path",
+            "hopfield: no C compiler found (set CC); Top-K and random-mask attention and the "
+            "Hyper-SET RMS norms use their slower PyTorch path",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -178,19 +179,23 @@ def _library() -> ctypes.CDLL | None:
         except (OSError, subprocess.SubprocessError) as error:
             errors.append(str(error))
     warnings.warn(
-        "hopfield: the native kernels did not build; Top-K and random-mask attention use their "
-        "slower PyTorch path. " + "\n".join(errors),
+        "hopfield: the native kernels did not build; Top-K and random-mask attention and the "
+        "Hyper-SET RMS norms use their slower PyTorch path. " + "\n".join(errors),
         RuntimeWarning,
         stacklevel=3,
     )
     return None
 
 
+def usable_on(device: torch.device) -> bool:
+    """Whether the native kernels can run on ``device``: enabled, the CPU, and built (for the
+    kernels on index tensors only, e.g. :func:`floyd_sample`)."""
+    return enabled() and device.type == "cpu" and _library() is not None
+
+
 def available(*tensors: Tensor) -> bool:
-    """Whether the native kernels can run on ``tensors``: enabled, built, and every tensor a
-    CPU float32/float64 tensor of one dtype (integer index tensors aside)."""
-    if not enabled():
-        return False
+    """Whether the native kernels can run on ``tensors``: :func:`usable_on` their device, and
+    every tensor a CPU float32/float64 tensor of one dtype (integer index tensors aside)."""
     floats = [t for t in tensors if t.is_floating_point()]
     if not floats:
         return False
@@ -199,14 +204,16 @@ def available(*tensors: Tensor) -> bool:
         return False
     if any(t.device.type != "cpu" for t in tensors):
         return False
-    return _library() is not None
+    return usable_on(floats[0].device)
 
 
-def _function(name: str, dtype: torch.dtype) -> Callable[..., None]:
+def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., None]:
+    """The exported kernel ``name`` (its ``dtype`` version for the floating-point ones)."""
     library = _library()
     if library is None:  # callers check available() first
         raise RuntimeError("the hopfield native kernels are not available")
-    function: Callable[..., None] = getattr(library, f"{name}_{_DTYPES[dtype]}")
+    suffix = "" if dtype is None else f"_{_DTYPES[dtype]}"
+    function: Callable[..., None] = getattr(library, name + suffix)
     return function
 
 
@@ -455,10 +462,7 @@ def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
         raise ValueError("count must lie in [0, min(n, slots)] in every row")
     uniforms = rand.to(torch.float64).contiguous()
     out = torch.empty(rows, slots, dtype=torch.int64)
-    library = _library()
-    if library is None:  # callers check available() first
-        raise RuntimeError("the hopfield native kernels are not available")
-    library.hop_floyd(
+    _function("hop_floyd")(
         uniforms.data_ptr(),
         count.data_ptr(),
         n.data_ptr(),

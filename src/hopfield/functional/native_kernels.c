@@ -156,8 +156,9 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         return prefix;                                                                            \
     }                                                                                             \
                                                                                                   \
-    /* The keys of vals[0..n) (as key_, without branches, so the loop vectorises): the bits with \
-     * the sign flipped (non-negative values) or all bits flipped (negative ones); NaN largest. */ \
+    /* Unsigned keys of vals[0..n) that order as the values: the bits with the sign flipped     \
+     * (non-negative values) or all bits flipped (negative ones), NaN above +inf; no branches,  \
+     * so the loop vectorises. */                                                                \
     static void keys_of_##SUFFIX(const T *vals, KEY *keys, int64_t n) {                           \
         memcpy(keys, vals, sizeof(KEY) * n);                                                      \
         for (int64_t i = 0; i < n; i++) {                                                         \

@@ -5,8 +5,8 @@ PyTorch's CPU RMS norm is a composite of some ten elementwise passes forward and
 Hyper-SET layer normalises twice per iteration, so those passes were a measurable share of its
 cost. Parameters, state dict, ``eps`` and results are those of :class:`torch.nn.RMSNorm` (tested
 in float64 against it); elsewhere (GPUs, half precision, ``HOPFIELD_NATIVE=0``, a
-``normalized_shape`` over more than the last dimension, no affine weight needing other shapes)
-the forward is :func:`torch.nn.functional.rms_norm` itself. A second derivative (``create_graph``)
+``normalized_shape`` over more than the last dimension) the forward is
+:func:`torch.nn.functional.rms_norm` itself. A second derivative (``create_graph``)
 recomputes the backward from PyTorch operations, so it stays differentiable.
 """
 
