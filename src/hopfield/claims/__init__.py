@@ -16,13 +16,8 @@ three papers are in :mod:`hopfield.claims.outeffhop`, :mod:`hopfield.claims.nonp
 """
 
 from hopfield.claims.claim import Claim, Comparison, Measured, NotTested, judge
-from hopfield.claims.verdict import (
-    MIN_RUNS,
-    VERDICTS,
-    PairedComparison,
-    compare_paired,
-    exact_verdict,
-)
+from hopfield.claims.verdict import VERDICTS
+from hopfield.stats import MIN_RUNS, PairedComparison, compare_paired, exact_verdict
 
 __all__ = [
     "MIN_RUNS",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hopfield.claims.verdict import DIRECTIONS, PairedComparison, compare_paired, exact_verdict
+from hopfield.stats import DIRECTIONS, PairedComparison, compare_paired, exact_verdict
 
 if TYPE_CHECKING:
     from hopfield.claims.records import ExperimentRecord
@@ -181,7 +181,8 @@ def judge(claim: Claim, evidence: Evidence) -> Judgement:
     Exact claims: ``holds`` iff ``|value − paper_value| <= tolerance``. Empirical claims: every
     comparison is judged by :func:`compare_paired`; the claim ``holds`` if it holds against every
     rival, ``does not hold`` if it fails against one, and is ``inconclusive`` otherwise. The
-    deciding comparison is the failing one, else the one with the lowest interval.
+    deciding comparison is the clearest failure (the lowest upper end of its interval), else
+    the one with the lowest interval.
     """
     if claim.kind == "exact":
         if not isinstance(evidence, Measured):
@@ -198,8 +199,10 @@ def judge(claim: Claim, evidence: Evidence) -> Judgement:
         )
         judged.append((comparison, result))
     verdicts = [r.verdict for _, r in judged]
-    if "does not hold" in verdicts:
-        verdict, deciding = "does not hold", verdicts.index("does not hold")
+    failing = [i for i, v in enumerate(verdicts) if v == "does not hold"]
+    if failing:  # the clearest failure: the lowest upper end of the interval
+        verdict = "does not hold"
+        deciding = min(failing, key=lambda i: judged[i][1].interval[1])
     else:
         verdict = "holds" if all(v == "holds" for v in verdicts) else "inconclusive"
         deciding = min(range(len(judged)), key=lambda i: _weakness(judged[i][1], verdicts[i]))

@@ -20,7 +20,7 @@ from typing import Any
 from hopfield.claims import hyperset, nonparametric, outeffhop
 from hopfield.claims.claim import Claim, Evidence, Extractor, Judgement, NotTested, judge
 from hopfield.claims.records import ExperimentRecord, PlanRecord, load_plans, load_records
-from hopfield.claims.verdict import PairedComparison
+from hopfield.stats import PairedComparison
 
 __all__ = ["CLAIMS", "UNREADABLE", "evaluate", "record_of"]
 
@@ -103,7 +103,12 @@ def _test(result: PairedComparison) -> dict[str, Any]:
     wilcoxon: float | str | None = _number(result.p_wilcoxon)
     if result.p_wilcoxon is None:
         wilcoxon = "not computable (n < 6 or no non-zero difference)"
-    return {"t": _number(result.t), "p_t": _number(result.p_t), "p_wilcoxon": wilcoxon}
+    return {
+        "p_decision": _number(result.p_decision),
+        "t": _number(result.t),
+        "p_t": _number(result.p_t),
+        "p_wilcoxon": wilcoxon,
+    }
 
 
 def record_of(
@@ -120,7 +125,9 @@ def record_of(
     comparison), ``difference`` (mean difference, positive favours the claim; percent for
     relative claims), ``seeds`` (number of paired runs), ``units`` (what they are),
     ``interval`` (95 % t interval of the difference),
-    ``test`` (paired t and Wilcoxon p-values), ``comparisons`` (every rival), ``tolerance``
+    ``test`` (``p_decision``, the two-sided p-value of the test the verdict was decided by:
+    against the margin, TOST for equal claims, exact sign-flip without spread; and, for
+    information, the paired t-test against 0 and the Wilcoxon p-value), ``comparisons`` (every rival), ``tolerance``
     (exact claims), ``verdict`` and ``note``.
     """
     out: dict[str, Any] = {

@@ -61,9 +61,9 @@ def _interval(record: dict[str, Any]) -> str:
 
 def _p(record: dict[str, Any]) -> str:
     test = record["test"]
-    if not test or test["p_t"] is None:
+    if not test or test["p_decision"] is None:
         return "–"
-    text = f"{test['p_t']:.2g}"
+    text = f"{test['p_decision']:.2g}"
     if isinstance(test["p_wilcoxon"], float):
         text += f"; W {test['p_wilcoxon']:.2g}"
     return text
@@ -76,7 +76,17 @@ def _ours(record: dict[str, Any]) -> str:
         return f"{_cell(record['ours'])} {record['metric']}"
     model = f"{record['model']} " if record["model"] else ""
     vs = f" vs {record['rival']} {_cell(record['rival_value'])}" if record["rival"] else ""
+    others = [c for c in record.get("comparisons") or [] if c["rival"] != record["rival"]]
+    if others:  # every rival, the deciding one first, each with its own verdict
+        vs += f" ({_comparison_verdict(record, record['rival'])})"
+        vs += "".join(
+            f"; vs {c['rival']} {_cell(c['rival_value'])} ({c['verdict']})" for c in others
+        )
     return f"{model}{_cell(record['ours'])}{vs}"
+
+
+def _comparison_verdict(record: dict[str, Any], rival: str) -> str:
+    return next(c["verdict"] for c in record["comparisons"] if c["rival"] == rival)
 
 
 def _paper(record: dict[str, Any]) -> str:
@@ -101,8 +111,12 @@ def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
         "",
         f"Every checkable claim of the three papers, judged from the experiment records in "
         f"`{source}` (regenerate with `hopfield claims {source}`). Empirical verdicts come from "
-        "paired independent runs (95 % t interval of the mean difference, paired t-test, "
-        "Wilcoxon signed-rank from 6 pairs); fewer than 3 runs or a tie is `inconclusive`. "
+        "paired independent runs: a claim holds (or does not) when the two-sided p-value of "
+        "the test it is decided by is below 0.05 (the paired t-test of the mean difference "
+        "against the claim's margin, two one-sided tests for 'equal' claims, the exact "
+        "sign-flip test when the differences have no spread); fewer than 3 runs is "
+        "`inconclusive`, and a strict claim whose pairs all tie does not hold. The p column "
+        "is that decision's p-value (W: the Wilcoxon signed-rank p-value from 6 pairs). "
         "Exact claims hold within their tolerance. `ours` is the mean over the runs against the "
         "deciding rival's; `n` counts the pairs; the interval is of the difference, positive "
         "favouring the claim (for 'equal' claims it must lie inside the margin).",
@@ -118,7 +132,7 @@ def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
         lines.append(f"| {paper} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines += [
         "",
-        "| id | where | claim | paper | ours | n | 95 % interval | p (paired t; W: Wilcoxon) "
+        "| id | where | claim | paper | ours | n | 95 % interval | p (decision; W: Wilcoxon) "
         "| verdict | scale |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hopfield.claims import PairedComparison, compare_paired
 from hopfield.data import DataNotFoundError
 from hopfield.data.images import IMAGE_DATASETS, load_image_dataset
 from hopfield.experiments.checks import (
@@ -61,6 +60,7 @@ from hopfield.functional.efficient_kernel import Linear, RandomFeatures
 from hopfield.functional.structures import Structure
 from hopfield.functional.svr import ExponentialKernel, NormalizedKernel, SVRMemory, fit_svr
 from hopfield.memory import retrieve
+from hopfield.stats import PairedComparison, compare_paired
 
 OUTEFFHOP_MODELS = ("dense", "outeffhop", "sparse", "poly10", "entmax")
 EFFICIENT_MODELS = (
@@ -857,7 +857,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
         trends,
         caption="Trends the papers state for their figures, measured at this preset's scale. "
         "Comparisons are paired over the memory sets (and sizes; mean difference, 95 % t "
-        "interval, paired t; a tie or fewer than 3 pairs is inconclusive); a trend holds only "
+        "interval, paired t; fewer than 3 pairs is inconclusive, a strict trend every pair "
+        "ties does not hold, hopfield.stats.compare_paired); a trend holds only "
         "if each of its comparisons does. The energy and identity rows are exact checks.",
     )
     tables = [trend_table, table]

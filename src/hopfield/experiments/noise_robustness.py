@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopfield.claims import compare_paired
 from hopfield.experiments.checks import check_ints, check_real_items
 from hopfield.experiments.memory_capacity import (
     Point,
@@ -31,6 +30,7 @@ from hopfield.experiments.memory_capacity import (
 )
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, with_threads
+from hopfield.stats import compare_paired
 
 
 @dataclass
@@ -206,7 +206,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
         trends,
         caption="Trends the papers state for their figures, measured at this preset's scale. "
         "Comparisons are paired over the memory sets (mean difference, 95 % t interval, paired "
-        "t and, from 6 sets, Wilcoxon tests); a tie or fewer than 3 sets is inconclusive.",
+        "t and, from 6 sets, Wilcoxon tests); fewer than 3 sets is inconclusive, a strict "
+        "claim every set ties does not hold (hopfield.stats.compare_paired).",
     )
     # Per-point numbers live in the table; the metrics summarise.
     metrics: dict[str, float] = {f"energy_rise/{k}": v for k, v in rises.items()}

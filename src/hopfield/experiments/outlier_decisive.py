@@ -37,7 +37,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hopfield.claims.verdict import MIN_RUNS, compare_paired
 from hopfield.experiments.outlier_formation import (
     VARIANT_NAMES,
     Config,
@@ -47,6 +46,7 @@ from hopfield.experiments.outlier_formation import (
     compare_recipes,
 )
 from hopfield.experiments.results import Results, RunContext, Table
+from hopfield.stats import MIN_RUNS, compare_paired
 
 __all__ = [
     "ENDPOINTS",

@@ -53,11 +53,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hopfield.claims.verdict import compare_paired
 from hopfield.data.synthetic_text import SyntheticSample, SyntheticText, generate
 from hopfield.experiments.checks import check_choice, check_ints, check_subset, config_errors
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, with_threads
+from hopfield.stats import compare_paired
 
 __all__ = [
     "PAPER_OPT",

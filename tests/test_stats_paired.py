@@ -1,4 +1,5 @@
-"""Verdicts from paired runs: hand-computed t intervals, scipy's tests, ties and small n."""
+"""Verdicts from paired runs: hand-computed t intervals, scipy's tests, the decision's p-value,
+exact sign-flip tests, ties and small n."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 import pytest
 from scipy import stats
 
-from hopfield.claims import VERDICTS, compare_paired, exact_verdict
+from hopfield.claims import VERDICTS
+from hopfield.stats import compare_paired, exact_verdict, sign_flip_p
 
 
 def test_vocabulary_is_the_ledgers() -> None:
@@ -42,13 +44,56 @@ def test_matches_scipy_paired_tests() -> None:
     assert "paired t p=" in result.describe() and "Wilcoxon" in result.describe()
 
 
-def test_a_tie_or_a_single_run_never_decides() -> None:
-    tie = compare_paired([0.016] * 4, [0.016] * 4)  # the four-way tie of noise-robustness
-    assert tie.verdict == "inconclusive" and math.isnan(tie.p_t) and tie.mean_difference == 0
+def test_a_single_run_or_two_never_decide() -> None:
     assert compare_paired([0.9], [0.1]).verdict == "inconclusive"
     assert compare_paired([0.9, 0.95], [0.1, 0.12]).verdict == "inconclusive"
-    constant = compare_paired([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])  # no spread, three runs
-    assert constant.verdict == "holds" and constant.p_t == 0.0
+    assert compare_paired([0.5, 0.5], [0.5, 0.5]).verdict == "inconclusive"
+    single = compare_paired([0.9], [0.1], direction="equal", min_effect=0.1)
+    assert math.isnan(single.p_decision) and math.isnan(compare_paired([0.9], [0.1]).p_decision)
+
+
+def test_a_strict_claim_whose_pairs_all_tie_does_not_hold() -> None:
+    """The four-way tie of noise-robustness: no pair favours "beats", evidence against it."""
+    tie = compare_paired([0.016] * 4, [0.016] * 4)
+    assert tie.verdict == "does not hold" and math.isnan(tie.p_t) and tie.mean_difference == 0
+    assert compare_paired([0.016] * 3, [0.016] * 3, direction="lower").verdict == "does not hold"
+
+
+def test_differences_without_spread_use_the_exact_sign_flip_test() -> None:
+    """[1, 1, 1] against [0, 0, 0]: the t-test is undefined (sd 0); the exact two-sided
+    sign-flip p-value is 2/2³ = 0.25, so three identical wins decide nothing; six give 2/2⁶."""
+    constant = compare_paired([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    assert constant.p_decision == 0.25 and constant.verdict == "inconclusive"
+    six = compare_paired([1.0] * 6, [0.0] * 6)
+    assert six.p_decision == pytest.approx(2 / 64) and six.verdict == "holds"
+    against = compare_paired([0.0] * 6, [1.0] * 6)
+    assert against.p_decision == pytest.approx(2 / 64) and against.verdict == "does not hold"
+
+
+def test_sign_flip_p_by_hand() -> None:
+    """Values 3, 1, −1: sums over the 8 sign patterns of |x| = (3, 1, 1) are 5, 3, 3, 1, −1,
+    −3, −3, −5; the observed 3 is reached by 3 of them."""
+    assert sign_flip_p([3.0, 1.0, -1.0]) == pytest.approx(3 / 8)
+    assert sign_flip_p([2.0, 2.0, 2.0]) == pytest.approx(1 / 8)
+    assert sign_flip_p([0.0, 0.0]) == 1.0
+    with pytest.raises(ValueError, match="no values"):
+        sign_flip_p([])
+    with pytest.raises(ValueError, match="at most"):
+        sign_flip_p([1.0] * 21)
+
+
+def test_the_decision_p_is_against_the_margin() -> None:
+    """With a margin the decision tests mean − min_effect, not mean − 0 (scipy's one-sample t)."""
+    ours = [0.61, 0.58, 0.66, 0.70, 0.59, 0.64, 0.68, 0.62]
+    rival = [0.55, 0.57, 0.60, 0.61, 0.60, 0.58, 0.63, 0.59]
+    diffs = [o - r for o, r in zip(ours, rival, strict=True)]
+    plain = compare_paired(ours, rival)
+    assert plain.p_decision == pytest.approx(plain.p_t)
+    margin = compare_paired(ours, rival, min_effect=0.02)
+    assert margin.p_decision == pytest.approx(stats.ttest_1samp(diffs, 0.02).pvalue)
+    assert margin.p_t == pytest.approx(plain.p_t)  # information: the test against 0
+    assert margin.verdict == ("holds" if margin.interval[0] > 0.02 else "inconclusive")
+    assert "decision p=" in margin.describe()
 
 
 def test_lower_is_better_and_the_outlier_formation_gap() -> None:
@@ -89,7 +134,17 @@ def test_equal_claims_need_the_interval_inside_the_margin() -> None:
     far = compare_paired([2.0, 2.1, 1.9], [1.0, 1.0, 1.0], direction="equal", min_effect=0.1)
     assert far.verdict == "does not hold"
     tie = compare_paired([1.0] * 4, [1.0] * 4, direction="equal", min_effect=0.1)
-    assert tie.verdict == "inconclusive"  # a tie decides nothing, not even equality
+    assert tie.verdict == "inconclusive"  # exact TOST: 2·2⁻⁴ = 0.125
+    assert tie.p_decision == pytest.approx(0.125)
+    six_ties = compare_paired([1.0] * 6, [1.0] * 6, direction="equal", min_effect=0.1)
+    assert six_ties.verdict == "holds" and six_ties.p_decision == pytest.approx(2 / 64)
+    diffs = [0.1, -0.1, 0.0, 0.05, -0.05, 0.0]
+    tost = 2 * max(
+        stats.ttest_1samp(diffs, -0.1, alternative="greater").pvalue,
+        stats.ttest_1samp(diffs, 0.1, alternative="less").pvalue,
+    )
+    assert result.p_decision == pytest.approx(tost)
+    assert far.p_decision == pytest.approx(stats.ttest_1samp([1.0, 1.1, 0.9], 0.1).pvalue)
     with pytest.raises(ValueError, match="margin"):
         compare_paired(ours, [1.0] * 6, direction="equal")
 
@@ -115,3 +170,21 @@ def test_exact_verdicts() -> None:
     assert exact_verdict(962_218, 960_000, tolerance=5_000) == "holds"
     with pytest.raises(ValueError, match="tolerance"):
         exact_verdict(1.0, 1.0, tolerance=-1.0)
+
+
+def test_stats_is_a_leaf_package() -> None:
+    """hopfield.stats imports nothing of ours, so experiments and the ledger can both use it."""
+    import ast
+    from pathlib import Path
+
+    import hopfield.stats
+
+    for path in Path(hopfield.stats.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            ours = [n for n in names if n.split(".")[0] == "hopfield" and n != "hopfield.stats"]
+            assert not [n for n in ours if not n.startswith("hopfield.stats.")], (path, ours)

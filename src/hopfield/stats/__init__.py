@@ -1,0 +1,25 @@
+"""Statistics for verdicts from replicates: paired comparisons, exact tests, decision p-values.
+
+A leaf package: it imports nothing else of ``hopfield``, so experiments, the claims ledger and
+benchmarks all import it and never one another for it.
+"""
+
+from hopfield.stats.paired import (
+    ALPHA,
+    DIRECTIONS,
+    MIN_RUNS,
+    PairedComparison,
+    compare_paired,
+    exact_verdict,
+    sign_flip_p,
+)
+
+__all__ = [
+    "ALPHA",
+    "DIRECTIONS",
+    "MIN_RUNS",
+    "PairedComparison",
+    "compare_paired",
+    "exact_verdict",
+    "sign_flip_p",
+]
