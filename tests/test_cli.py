@@ -51,6 +51,7 @@ def test_run_writes_results_with_provenance_and_a_report(tmp_path: Path) -> None
     assert record["preset"] == "tiny" and record["seed"] == 3
     assert record["config"]["noise_std"] == 0.25
     assert {"torch", "python", "hopfield", "numpy"} <= set(record["versions"])
+    assert set(record["code"]) == {"commit", "dirty", "source"}  # the code that ran
     assert record["wall_time_s"] > 0
     masked, noisy = record["results"]["tables"][:2]
     assert masked["columns"] == ["map", "steps", "β=0.1", "β=1"]

@@ -19,6 +19,7 @@ import torch
 
 from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
+from hopfield.experiments.provenance import code_version
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import process_layout
@@ -285,7 +286,8 @@ def run_experiment(
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
     Returns the path of the results file. The file holds the configuration, seed, software
-    versions, wall time and CPU time (of this process; on a busy machine the wall time
+    versions, the code that ran (``code``: git commit and whether the source tree differed from
+    it, :func:`~hopfield.experiments.provenance.code_version`), wall time and CPU time (of this process; on a busy machine the wall time
     grows and the CPU time does not), the number of processes that ran it, the run limits and the
     :class:`Results` (tables, metrics, figures).
 
@@ -372,6 +374,7 @@ def run_experiment(
         "overrides": planned["overrides"],
         "seed": getattr(config, "seed", None),
         "versions": versions(),
+        "code": code_version(),
         "started_at": sittings[0]["started_at"],
         # Over every sitting; CPU time of the main process, all its threads.
         "wall_time_s": sum(s["wall_time_s"] for s in sittings),
