@@ -116,13 +116,16 @@ def theory_claim(
 
 
 def theory_check(source: str, statement: str) -> Extractor:
-    """The violation count of the ``theory`` experiment's check ``(source, statement…)``."""
+    """The violation count of the ``theory`` experiment's check ``(source, statement…)``; an
+    ``info`` row is reported for reference and never decides a claim."""
 
     def extract(record: ExperimentRecord) -> Evidence:
         columns, rows = record.table("Theory checks")
         col = {c: i for i, c in enumerate(columns)}
         for row in rows:
             if row[col["paper"]] == source and str(row[col["statement"]]).startswith(statement):
+                if row[col["kind"]] == "info":
+                    raise NotTested(f"theory's row {source}: {statement} is an info row")
                 trials, violations = row[col["trials"]], row[col["violations"]]
                 return Measured(float(violations), f"{violations} violations in {trials} trials")
         raise NotTested(f"theory at {record.preset} has no check {source}: {statement}")

@@ -46,11 +46,18 @@ THEORY = [
             "softmax step.", "OutEffHop §2.3", "one Softmax_1 step"),
     _theory("OEH-C6-lipschitz", "Lemma C.6", "Softmax_1 is 2-Lipschitz from ℓ∞ to ℓ1.",
             "OutEffHop Lemma C.6", "Softmax_1 is 2-Lipschitz"),
-    _theory("OEH-C3.2.1-closer", "Cor. 3.2.1", "OutEffHop retrieves closer to the memory than "
-            "dense retrieval iff (γ+1)‖v1‖² ≥ 2 v1·ξ.", "OutEffHop Cor. 3.2.1",
-            "‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ iff"),
+    _theory("OEH-C3.2.1-closer", "Cor. 3.2.1", "With x and the memories normalised, OutEffHop "
+            "retrieves at least as close to the memory as dense retrieval when (γ+1)/2 ≥ cos α "
+            "(α: the angle between T_dense(x) and ξ_µ).", "OutEffHop Cor. 3.2.1",
+            "‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ when"),
+    _theory("OEH-C3.2.1-exact", "Cor. 3.2.1 (our exact form)", "Ours, not the paper's: OutEffHop "
+            "retrieves at least as close to the memory as dense retrieval iff "
+            "(γ+1)‖v1‖² ≥ 2 v1·ξ (v1 = T_dense(x)).", "OutEffHop Cor. 3.2.1", "ours, exact form"),
     _theory("OEH-T3.2-bound", "Thm 3.2", "‖T_OutEff(x) − ξ_µ‖ ≤ γ·2m(M−1)exp(−βΔ̃_µ) (the printed "
             "retrieval error bound).", "OutEffHop Thm 3.2", "‖T_OutEff - ξ_µ‖ <= γ"),
+    _theory("OEH-T3.2-corrected", "Thm 3.2 (our corrected bound)", "Ours, not the paper's: "
+            "‖T_OutEff(x) − ξ_µ‖ ≤ γ·2m(M−1)exp(−βΔ̃_µ) + (1−γ)‖ξ_µ‖, the printed bound with the "
+            "term T_OutEff = γ·T_dense leaves.", "OutEffHop Thm 3.2", "ours: ‖T_OutEff"),
     _theory("OEH-T3.3-capacity", "Thm 3.3, Lemma C.1", "OutEffHop's capacity lower bound is at "
             "least the modern Hopfield model's.", "OutEffHop Thm 3.3 / Lemma C.1",
             "capacity bound"),

@@ -11,9 +11,11 @@ worst margin (how close the worst trial came to violating it; positive = holds).
   that a paper states without proof; reported as "pass" or "fail" all the same;
 * ``empirical``: a trend the papers report (Top-K error grows with K, random masks fail);
   checked on averages over trials;
-* ``info``: a quantity reported for reference (e.g. how often OutEffHop's simplified Corollary
-  3.2.1 condition agrees with the exact one, or how often the Theorem 3.2 bound, which omits the
-  ``(1 - γ)‖ξ‖`` term, holds).
+* ``printed``: a statement exactly as a paper prints it where we found it can fail (OutEffHop's
+  Theorem 3.2 bound, which omits the ``(1 - γ)‖ξ‖`` term, and Corollary 3.2.1's condition
+  ``(γ + 1)/2 >= cos α``); reported as "pass" or "fail", the failing trials and a
+  counterexample kept, and beside it a row of kind ``theorem`` with our corrected form;
+* ``info``: a quantity reported for reference, never a claim (the claims ledger refuses it).
 
 OutEffHop (Hu et al., ICML 2024): Lemma 2.1 (energy descent), Theorem 3.1 (convergence to
 stationary points), ``T_OutEff = γ·T_dense``, Lemma C.6 (Softmax_1 is 2-Lipschitz ℓ∞→ℓ1) and its
@@ -434,9 +436,13 @@ def check_lipschitz(config: Config, generator: torch.Generator) -> list[Check]:
 
 
 def check_corollary_321(config: Config, generator: torch.Generator) -> list[Check]:
-    """Corollary 3.2.1: OutEffHop is closer to ξ_µ iff ``(γ + 1)‖v1‖² >= 2 v1·w`` (exact form)."""
-    exact_violations = simplified_disagree = total = 0
-    margin = math.inf
+    """Corollary 3.2.1 as printed: with ``x`` and the memories normalised, OutEffHop is at least as
+    close to ξ_µ as dense retrieval *when* ``(γ + 1)/2 >= cos α`` (α: the angle between
+    ``T_dense(x)`` and ξ_µ); a violation is a trial where the condition holds and OutEffHop is
+    farther. Beside it our exact form: closer *iff* ``(γ + 1)‖v1‖² >= 2 v1·ξ`` (``v1 =
+    T_dense(x)``; the printed condition takes ``‖v1‖ = 1``, but a blend of memories is shorter)."""
+    exact_violations = printed_violations = total = 0
+    exact_margin = printed_margin = math.inf
     for beta, size in _grid((0.1, 1.0, 4.0, 16.0), (5, 50, 500)):
         count = max(1, config.corollary_trials // 4)
         d = 16
@@ -453,61 +459,133 @@ def check_corollary_321(config: Config, generator: torch.Generator) -> list[Chec
         decided = closer.abs() > 1e-12
         exact_violations += int(((closer <= 0) != (condition >= 0))[decided].sum())
         cos = (v1 * w).sum(-1) / (v1.norm(dim=-1) * w.norm(dim=-1))
-        simplified = (gamma + 1) / 2 >= cos
-        simplified_disagree += int((simplified != (closer <= 0))[decided].sum())
+        printed = ((gamma + 1) / 2 >= cos) & decided
+        printed_violations += int((printed & (closer > 0)).sum())
+        if printed.any():
+            printed_margin = min(printed_margin, float((-closer[printed]).min()))
         total += int(decided.sum())
-        margin = min(margin, float(condition.abs().min()))
+        exact_margin = min(exact_margin, float(condition.abs().min()))
     return [
         Check(
             "OutEffHop Cor. 3.2.1",
-            "‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ iff (γ+1)‖v1‖² >= 2 v1·ξ (exact form)",
+            "‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ when (γ+1)/2 >= cos α (as printed; x, ξ normalised)",
+            "printed",
+            "trials where the condition holds and OutEffHop is farther (margin: closer by)",
+            total,
+            printed_violations,
+            printed_margin,
+        ),
+        Check(
+            "OutEffHop Cor. 3.2.1",
+            "ours, exact form: ‖T_OutEff - ξ‖ <= ‖T_dense - ξ‖ iff (γ+1)‖v1‖² >= 2 v1·ξ",
             "theorem",
             "the condition decides which retrieval is closer",
             total,
             exact_violations,
-            margin,
-        ),
-        Check(
-            "OutEffHop Cor. 3.2.1",
-            "paper's simplified condition (γ+1)/2 >= cos α (assumes ‖v1‖ = 1)",
-            "info",
-            "trials where it disagrees with the truth (violations column)",
-            total,
-            simplified_disagree,
-            1 - simplified_disagree / max(total, 1),
+            exact_margin,
         ),
     ]
 
 
-def check_theorem_32(config: Config, generator: torch.Generator) -> Check:
-    """Theorem 3.2's bound ``‖T_OutEff(x) - ξ_µ‖ <= γ · 2m(M-1) exp(-βΔ̃_µ)`` (reported, not asserted).
+#: The counterexample to Theorem 3.2's printed bound: two memories ``(1, 0)`` and ``(-1, 0)``,
+#: β = 5, the query at the first memory (error 6.7e-3 against the bound 9.0e-5).
+THEOREM_32_COUNTEREXAMPLE = {"memories": [[1.0, 0.0], [-1.0, 0.0]], "beta": 5.0, "query": 0}
 
-    ``T_OutEff = γ T_dense`` leaves an error ``(1 - γ)‖ξ_µ‖`` the bound omits (spec §1.9).
-    """
-    violations = trials = 0
-    margin = math.inf
+#: Offset of the seed of Theorem 3.2's tight grid, drawn apart from the shared generator so the
+#: rows after it keep their numbers.
+_THEOREM_32_TIGHT_SEED = 32
+
+
+#: Float64 rounding allowance of a bound check where the bound can be tight to the last bit.
+_ROUNDING = 1e-12
+
+
+def theorem_32_terms(memories: Tensor, x: Tensor, beta: float) -> dict[str, Tensor]:
+    """Theorem 3.2's quantities for queries ``x (B, 1, d)`` retrieving the first of ``memories
+    (B, M, d)`` in one Softmax_1 step: ``error`` ``‖T_OutEff(x) − ξ_1‖``, the ``printed`` bound
+    ``γ·2m(M−1)exp(−βΔ̃)`` and our ``corrected`` bound, the printed one plus ``(1 − γ)‖ξ_1‖``
+    (``T_OutEff = γ T_dense``); ``Δ̃ = ⟨ξ_1, x⟩ − max_{ν≠1} ⟨ξ_ν, x⟩`` (at ``x = ξ_1`` the paper's
+    ``⟨ξ_1, x⟩ − max_ν ⟨ξ_1, ξ_ν⟩``) and ``m = max_ν ‖ξ_ν‖``. Each has shape ``(B,)``."""
+    size = memories.shape[-2]
+    out = one_step(x, memories, beta, SoftmaxN(1.0), None)[:, 0]
+    scores = (memories @ x.transpose(-1, -2))[..., 0]
+    gap = scores[:, 0] - scores[:, 1:].amax(-1)
+    s = torch.exp(beta * scores).sum(-1)
+    gamma = s / (1 + s)
+    m = memories.norm(dim=-1).amax(-1)
+    printed = gamma * 2 * m * (size - 1) * torch.exp(-beta * gap)
+    corrected = printed + (1 - gamma) * memories[:, 0].norm(dim=-1)
+    return {"error": (out - memories[:, 0]).norm(dim=-1), "printed": printed, "corrected": corrected}
+
+
+def _theorem_32_trials(config: Config, generator: torch.Generator) -> list[dict[str, Tensor]]:
+    """Theorem 3.2's terms on three sets of trials: the random queries near a memory (20
+    memories, from the shared ``generator``), a tight grid (2 to 5 memories, β up to 32, the
+    query at a memory or near it; its own generator) and :data:`THEOREM_32_COUNTEREXAMPLE`."""
+    trials = []
     for beta, radius in _grid((0.5, 2.0, 8.0), (0.5, 1.0, 2.0)):
-        size = 20
-        memories = sphere(generator, config.trials * 4, size, 16, radius=radius)
+        memories = sphere(generator, config.trials * 4, 20, 16, radius=radius)
         r = separation_radius(memories)
         x = memories[:, :1] + (0.5 * r)[:, None, None] * sphere(generator, config.trials * 4, 1, 16)
-        out = one_step(x, memories, beta, SoftmaxN(1.0), None)[:, 0]
-        scores = (memories @ x.transpose(-1, -2))[..., 0]
-        gap = scores[:, 0] - scores[:, 1:].amax(-1)
-        s = torch.exp(beta * scores).sum(-1)
-        bound = s / (1 + s) * 2 * radius * (size - 1) * torch.exp(-beta * gap)
-        error = (out - memories[:, 0]).norm(dim=-1)
-        violations += int((error > bound).sum())
-        trials += error.numel()
-        margin = min(margin, float((bound - error).min()))
-    return Check(
-        "OutEffHop Thm 3.2",
-        "‖T_OutEff - ξ_µ‖ <= γ·2m(M-1)exp(-βΔ̃) (omits the (1-γ)‖ξ_µ‖ term)",
-        "info",
-        "trials where the printed bound fails (violations column)",
-        trials,
-        violations,
-        margin,
+        trials.append(theorem_32_terms(memories, x, beta))
+    tight = torch.Generator().manual_seed(config.seed + _THEOREM_32_TIGHT_SEED)
+    for beta, size, offset in _grid((2.0, 8.0, 32.0), (2, 3, 5), (0.0, 0.1)):
+        memories = sphere(tight, config.trials, size, 4)
+        x = memories[:, :1] + offset * sphere(tight, config.trials, 1, 4)
+        trials.append(theorem_32_terms(memories, x, beta))
+    example = torch.tensor([THEOREM_32_COUNTEREXAMPLE["memories"]], dtype=DTYPE)
+    query = example[:, THEOREM_32_COUNTEREXAMPLE["query"]][:, None]
+    trials.append(theorem_32_terms(example, query, THEOREM_32_COUNTEREXAMPLE["beta"]))
+    return trials
+
+
+def check_theorem_32(config: Config, generator: torch.Generator) -> list[Check]:
+    """Theorem 3.2's bound as printed, ``‖T_OutEff(x) − ξ_µ‖ <= γ·2m(M−1)exp(−βΔ̃_µ)``, and our
+    corrected bound with the ``(1 − γ)‖ξ_µ‖`` term it omits (spec §1.9), on the trials of
+    :func:`_theorem_32_trials` (margin: bound − error, positive = holds)."""
+    trials = _theorem_32_trials(config, generator)
+    error = torch.cat([t["error"] for t in trials])
+    rows = []
+    for key, statement, kind in (
+        ("printed", "‖T_OutEff - ξ_µ‖ <= γ·2m(M-1)exp(-βΔ̃) (as printed)", "printed"),
+        ("corrected", "ours: ‖T_OutEff - ξ_µ‖ <= γ·2m(M-1)exp(-βΔ̃) + (1-γ)‖ξ_µ‖", "theorem"),
+    ):
+        bound = torch.cat([t[key] for t in trials])
+        rows.append(
+            Check(
+                "OutEffHop Thm 3.2",
+                statement,
+                kind,
+                "trials where the bound fails (x at or near ξ_µ, M = 2-20, β up to 32)",
+                error.numel(),
+                int((error > bound + _ROUNDING * (1 + bound)).sum()),
+                float((bound - error).min()),
+            )
+        )
+    return rows
+
+
+def theorem_32_counterexample_table() -> Table:
+    """The record of :data:`THEOREM_32_COUNTEREXAMPLE`: the error against both bounds."""
+    example = torch.tensor([THEOREM_32_COUNTEREXAMPLE["memories"]], dtype=DTYPE)
+    query = example[:, THEOREM_32_COUNTEREXAMPLE["query"]][:, None]
+    terms = theorem_32_terms(example, query, THEOREM_32_COUNTEREXAMPLE["beta"])
+    return Table(
+        "OutEffHop Thm 3.2: counterexample to the printed bound",
+        ["memories", "β", "query", "error ‖T_OutEff(x) − ξ_1‖", "printed bound", "corrected bound"],
+        [
+            [
+                "(1, 0), (-1, 0)",
+                THEOREM_32_COUNTEREXAMPLE["beta"],
+                "x = ξ_1",
+                float(terms["error"][0]),
+                float(terms["printed"][0]),
+                float(terms["corrected"][0]),
+            ]
+        ],
+        caption="Two memories, the query at the first: the error exceeds the printed bound "
+        "γ·2m(M−1)exp(−βΔ̃) by a factor of about 75; the bound omits (1−γ)‖ξ_1‖, which our "
+        "corrected bound adds.",
     )
 
 
@@ -1136,7 +1214,7 @@ def _run(config: Config, ctx: RunContext) -> Results:
         ("γ identity", lambda: [check_gamma_identity(config, generator)]),
         ("Lipschitz", lambda: check_lipschitz(config, generator)),
         ("Cor. 3.2.1", lambda: check_corollary_321(config, generator)),
-        ("Thm 3.2", lambda: [check_theorem_32(config, generator)]),
+        ("Thm 3.2", lambda: check_theorem_32(config, generator)),
         ("Thm 3.3", lambda: check_theorem_33(config)),
     ]
     checks: list[Check] = []
@@ -1165,14 +1243,17 @@ def _run(config: Config, ctx: RunContext) -> Results:
         COLUMNS,
         [c.row() for c in checks],
         caption="float64; 'worst margin' is the slack of the worst trial (positive = holds; for "
-        "'info' rows it is the share that agrees). Kinds: theorem (must hold), heuristic (the "
-        "paper's proof is not rigorous), empirical (a trend on averages), info (reported).",
+        "'info' rows it is the share that agrees). Kinds: theorem (must hold), printed (a "
+        "paper's statement as printed that we found can fail, beside our corrected theorem), "
+        "heuristic (the paper's proof is not rigorous), empirical (a trend on averages), info "
+        "(reported).",
     )
     failed = [c for c in checks if c.status == "fail"]
     metrics: dict[str, float] = {
         "checks": float(len(checks)),
         "failed": float(len(failed)),
         "failed_theorems": float(sum(c.kind == "theorem" for c in failed)),
+        "failed_printed": float(sum(c.kind == "printed" for c in failed)),
     }
     for c in checks:
         key = f"{c.paper}: {c.statement}"
@@ -1187,12 +1268,22 @@ def _run(config: Config, ctx: RunContext) -> Results:
         "C > C̃ is meaningful).",
         "Theorem 4.1 uses the proof's exponent Δ̃_µ = ⟨x,ξ_µ⟩ - max_ν⟨x,ξ_ν⟩ (the main text prints "
         "⟨ξ_µ,ξ_ν⟩).",
-        "Theorem 3.2's bound omits the (1-γ)‖ξ_µ‖ that T_OutEff = γ·T_dense leaves; it is "
-        "reported (info), not asserted.",
+        "Theorem 3.2's bound as printed omits the (1-γ)‖ξ_µ‖ that T_OutEff = γ·T_dense leaves "
+        "and fails where it is tight (the counterexample table); our corrected bound adds it.",
+        "Corollary 3.2.1's printed condition (γ+1)/2 >= cos α takes ‖T_dense(x)‖ = 1; with a "
+        "blend of memories it is shorter and the condition can hold while OutEffHop is farther; "
+        "our exact form (γ+1)‖v1‖² >= 2 v1·ξ decides every trial.",
     ]
     notes += [f"FAILED: {c.paper}: {c.statement} ({c.violations}/{c.trials})" for c in failed]
     return Results(
-        tables=[table, topk, capacity_table, svr_table, generalization_table],
+        tables=[
+            table,
+            topk,
+            capacity_table,
+            svr_table,
+            generalization_table,
+            theorem_32_counterexample_table(),
+        ],
         metrics=metrics,
         figures=figures,
         notes=notes,
