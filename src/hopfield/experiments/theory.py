@@ -488,8 +488,9 @@ def check_corollary_321(config: Config, generator: torch.Generator) -> list[Chec
 
 
 #: The counterexample to Theorem 3.2's printed bound: two memories ``(1, 0)`` and ``(-1, 0)``,
-#: β = 5, the query at the first memory (error 6.7e-3 against the bound 9.0e-5).
-THEOREM_32_COUNTEREXAMPLE = {"memories": [[1.0, 0.0], [-1.0, 0.0]], "beta": 5.0, "query": 0}
+#: β = 5, the query at the first memory (error 6.8e-3 against the bound 9.0e-5).
+THEOREM_32_COUNTEREXAMPLE_MEMORIES = ((1.0, 0.0), (-1.0, 0.0))
+THEOREM_32_COUNTEREXAMPLE_BETA = 5.0
 
 #: Offset of the seed of Theorem 3.2's tight grid, drawn apart from the shared generator so the
 #: rows after it keep their numbers.
@@ -515,13 +516,17 @@ def theorem_32_terms(memories: Tensor, x: Tensor, beta: float) -> dict[str, Tens
     m = memories.norm(dim=-1).amax(-1)
     printed = gamma * 2 * m * (size - 1) * torch.exp(-beta * gap)
     corrected = printed + (1 - gamma) * memories[:, 0].norm(dim=-1)
-    return {"error": (out - memories[:, 0]).norm(dim=-1), "printed": printed, "corrected": corrected}
+    return {
+        "error": (out - memories[:, 0]).norm(dim=-1),
+        "printed": printed,
+        "corrected": corrected,
+    }
 
 
 def _theorem_32_trials(config: Config, generator: torch.Generator) -> list[dict[str, Tensor]]:
     """Theorem 3.2's terms on three sets of trials: the random queries near a memory (20
     memories, from the shared ``generator``), a tight grid (2 to 5 memories, β up to 32, the
-    query at a memory or near it; its own generator) and :data:`THEOREM_32_COUNTEREXAMPLE`."""
+    query at a memory or near it; its own generator) and :func:`theorem_32_counterexample`."""
     trials = []
     for beta, radius in _grid((0.5, 2.0, 8.0), (0.5, 1.0, 2.0)):
         memories = sphere(generator, config.trials * 4, 20, 16, radius=radius)
@@ -533,10 +538,15 @@ def _theorem_32_trials(config: Config, generator: torch.Generator) -> list[dict[
         memories = sphere(tight, config.trials, size, 4)
         x = memories[:, :1] + offset * sphere(tight, config.trials, 1, 4)
         trials.append(theorem_32_terms(memories, x, beta))
-    example = torch.tensor([THEOREM_32_COUNTEREXAMPLE["memories"]], dtype=DTYPE)
-    query = example[:, THEOREM_32_COUNTEREXAMPLE["query"]][:, None]
-    trials.append(theorem_32_terms(example, query, THEOREM_32_COUNTEREXAMPLE["beta"]))
+    trials.append(theorem_32_counterexample())
     return trials
+
+
+def theorem_32_counterexample() -> dict[str, Tensor]:
+    """:func:`theorem_32_terms` of the counterexample (shape ``(1,)`` each): the memories
+    :data:`THEOREM_32_COUNTEREXAMPLE_MEMORIES`, the query at the first."""
+    example = torch.tensor([THEOREM_32_COUNTEREXAMPLE_MEMORIES], dtype=DTYPE)
+    return theorem_32_terms(example, example[:, :1], THEOREM_32_COUNTEREXAMPLE_BETA)
 
 
 def check_theorem_32(config: Config, generator: torch.Generator) -> list[Check]:
@@ -566,17 +576,15 @@ def check_theorem_32(config: Config, generator: torch.Generator) -> list[Check]:
 
 
 def theorem_32_counterexample_table() -> Table:
-    """The record of :data:`THEOREM_32_COUNTEREXAMPLE`: the error against both bounds."""
-    example = torch.tensor([THEOREM_32_COUNTEREXAMPLE["memories"]], dtype=DTYPE)
-    query = example[:, THEOREM_32_COUNTEREXAMPLE["query"]][:, None]
-    terms = theorem_32_terms(example, query, THEOREM_32_COUNTEREXAMPLE["beta"])
+    """The record of :func:`theorem_32_counterexample`: the error against both bounds."""
+    terms = theorem_32_counterexample()
     return Table(
         "OutEffHop Thm 3.2: counterexample to the printed bound",
         ["memories", "β", "query", "error ‖T_OutEff(x) − ξ_1‖", "printed bound", "corrected bound"],
         [
             [
                 "(1, 0), (-1, 0)",
-                THEOREM_32_COUNTEREXAMPLE["beta"],
+                THEOREM_32_COUNTEREXAMPLE_BETA,
                 "x = ξ_1",
                 float(terms["error"][0]),
                 float(terms["printed"][0]),
