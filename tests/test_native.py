@@ -413,6 +413,16 @@ def test_a_cached_library_without_the_kernels_is_rebuilt(fresh_library: Path) ->
     assert after == before and hashlib.sha256(library.read_bytes()).hexdigest() == after["sha256"]
 
 
+@pytest.mark.parametrize("manifest", ["", "{", "[]", '{"library": "../elsewhere.so"}'])
+def test_a_damaged_manifest_means_a_rebuild(fresh_library: Path, manifest: str) -> None:
+    assert native._library() is not None
+    native._library.cache_clear()
+    library, record = _cached(fresh_library)
+    (library.parent / "manifest.json").write_text(manifest)
+    assert native._library() is not None
+    assert _cached(fresh_library) == (library, record)
+
+
 def test_a_damaged_cached_library_is_rebuilt_not_loaded(fresh_library: Path) -> None:
     # In a child process: loading a truncated library would kill it with SIGBUS.
     assert native._library() is not None

@@ -149,7 +149,9 @@ def _compiler() -> list[str] | None:
 
 def _compiler_version(compiler: list[str]) -> str:
     try:
-        done = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [*compiler, "--version"], capture_output=True, text=True, errors="replace", timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout
@@ -185,6 +187,8 @@ def _verified(folder: Path) -> Path | None:
     no one else may write to, of the recorded size and SHA-256 (else ``None``: build again)."""
     try:
         manifest = json.loads((folder / _MANIFEST).read_text())
+        if not isinstance(manifest, dict):
+            return None
         library = folder / str(manifest["library"])
         info = library.lstat()
         if (
@@ -254,7 +258,9 @@ def _compile(compiler: list[str], flags: list[str], folder: Path) -> ctypes.CDLL
     private = _write_private(folder, ".so")
     try:
         command = [*compiler, *flags, "-o", str(private), str(_SOURCE), "-lm"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=300
+        )
         if done.returncode != 0:
             raise OSError(f"{shlex.join(command)} failed:\n{done.stderr.strip()}")
         size = private.stat().st_size
