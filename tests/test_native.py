@@ -9,9 +9,11 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -490,3 +492,24 @@ def test_temporary_files_of_dead_builds_are_removed(fresh_library: Path) -> None
     os.utime(old, (0, 0))
     assert native._library() is not None
     assert live.exists() and not dead.exists() and not old.exists()
+
+
+def test_a_build_killed_with_sigkill_leaves_no_files_behind(fresh_library: Path) -> None:
+    stuck = fresh_library.parent / "stuck-cc"  # prints no version (as copying_compiler): same key
+    stuck.write_text('#!/bin/sh\n[ "$1" = --version ] && exit 0\nexec sleep 60\n')
+    stuck.chmod(0o755)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from hopfield.functional import native; native._library()"],
+        env={**os.environ, "CC": str(stuck), "HOPFIELD_CACHE": str(fresh_library)},
+        start_new_session=True,  # its own process group: the compiler dies with it
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(fresh_library.glob("native/*/.build-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    (orphan,) = fresh_library.glob("native/*/.build-*")
+    assert native._library() is not None  # the next build, in this process
+    assert not orphan.exists() and _cached(fresh_library)[0].parent == orphan.parent
