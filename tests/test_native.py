@@ -3,11 +3,17 @@ gathered products and their scatter; the build cache, the switch and the fallbac
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+import platform
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -186,9 +192,11 @@ def test_processes_building_at_once_share_one_cached_library(tmp_path: Path) -> 
     for process in running:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, err
-    libraries = list(tmp_path.glob("native/*/hopfield_kernels.so"))
+    libraries = list(tmp_path.glob("native/*/hopfield_kernels-*.so"))
     assert len(libraries) == 1
-    assert not list(tmp_path.glob("native/*/*.so.tmp*")) and len(list(tmp_path.rglob("*"))) == 3
+    # native/, native/<key>/, the library and its manifest: no temporary files left
+    assert len(list(tmp_path.rglob("*"))) == 4
+    assert (libraries[0].parent / "manifest.json").is_file()
 
 
 def test_running_topk_restarts_on_its_buffers_for_fewer_rows() -> None:
@@ -218,3 +226,290 @@ def test_floyd_sample_gives_the_subsets_of_the_pytorch_floyd_sample() -> None:
         assert picked.unique().numel() == int(count[row]) and bool((picked < n[row]).all())
     with pytest.raises(ValueError, match="count must lie"):
         native.floyd_sample(torch.tensor([5]), torch.tensor([4]), 8, torch.rand(1, 8))
+
+
+# --- Input checks: every public kernel rejects what would make the C code read out of bounds.
+
+
+def test_rms_kernels_reject_a_weight_or_shape_that_does_not_match_x() -> None:
+    from hopfield.nn.rms_norm import rms_norm
+
+    x = torch.ones(2, 64)
+    with pytest.raises(ValueError, match=r"weight must be \(64,\)"):
+        native.rms_forward(x, torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError):  # as F.rms_norm, which gets these now
+        rms_norm(x, [64], torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError):
+        rms_norm(torch.ones(2, 8), [4], None, 1e-6)
+    with pytest.raises(TypeError, match=r"weight must be torch\.float32"):
+        native.rms_forward(x, torch.ones(64, dtype=torch.float64), 1e-6)
+    with pytest.raises(ValueError, match="eps must be"):
+        native.rms_forward(x, None, -1.0)
+    y, inv = native.rms_forward(x, None, 1e-6)
+    with pytest.raises(ValueError, match="expected grad"):
+        native.rms_backward(torch.ones(2, 63), x, None, inv, weight_grad=False)
+    with pytest.raises(ValueError, match="expected grad"):
+        native.rms_backward(y, x, None, inv[:1], weight_grad=False)
+    with pytest.raises(ValueError, match="x must be on the CPU"):
+        native.rms_forward(torch.ones(2, 64, device="meta"), None, 1e-6)
+
+
+def test_gathered_products_reject_mixed_dtypes_and_float_indices() -> None:
+    a, table = torch.randn(2, 4), torch.randn(6, 4, dtype=torch.float64)
+    idx = torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"table must be torch\.float32"):
+        native.gather_dot(a, table, idx)
+    with pytest.raises(TypeError, match="idx must hold integers"):
+        native.gather_dot(a, table.float(), idx.double())
+    with pytest.raises(TypeError, match=r"w must be torch\.float64"):
+        native.scatter_outer(table, idx, torch.ones(2, 3), a.double())
+    with pytest.raises(TypeError, match=r"src must be torch\.float64"):
+        native.scatter_outer(table, idx, torch.ones(2, 3, dtype=torch.float64), a)
+    with pytest.raises(TypeError, match=r"a must be a torch\.Tensor"):
+        native.gather_dot([1.0], table, idx)  # type: ignore[arg-type]
+
+
+def test_floyd_sample_rejects_uniforms_outside_the_unit_interval_and_bad_shapes() -> None:
+    count, n = torch.tensor([2, 1]), torch.tensor([5, 3])
+    for bad in (-0.5, math.nan, math.inf):
+        rand = torch.rand(2, 3)
+        rand[1, 0] = bad
+        with pytest.raises(ValueError, match=r"rand must hold uniforms in \[0, 1\]"):
+            native.floyd_sample(count, n, 3, rand)
+    with pytest.raises(ValueError, match="expected n"):
+        native.floyd_sample(count, n.view(2, 1), 3, torch.rand(2, 3))
+    with pytest.raises(TypeError, match="count must hold integers"):
+        native.floyd_sample(count.float(), n, 3, torch.rand(2, 3))
+    edge = native.floyd_sample(count, n, 3, torch.ones(2, 3))  # u = 1 picks the top key
+    assert edge[0, :2].tolist() == [3, 4] and edge[1, 0].item() == 2
+
+
+def test_a_failed_allocation_in_the_kernels_is_a_memory_error() -> None:
+    # Floyd's byte map holds max(n) bytes: 2^62 cannot be had.
+    with pytest.raises(MemoryError, match="hop_floyd"):
+        native.floyd_sample(torch.tensor([0]), torch.tensor([2**62]), 1, torch.rand(1, 1))
+
+
+def test_running_topk_rejects_negative_offsets_and_pushes_after_its_result() -> None:
+    selection = native.RunningTopK(2, 2, torch.float32)
+    with pytest.raises(ValueError, match="offset must be at least 0"):
+        selection.push(torch.randn(2, 5), offset=-50)
+    with pytest.raises(TypeError, match=r"x must be torch\.float32"):
+        selection.push(torch.randn(2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        native.RunningTopK(2, 0, torch.float32)
+    x = torch.randn(2, 5)
+    selection.push(x)
+    _same_selection(x, 2, *selection.result())
+    with pytest.raises(RuntimeError, match="restart"):
+        selection.push(x)
+    with pytest.raises(RuntimeError, match="restart"):
+        selection.result()
+    selection.restart(2)
+    selection.push(x, offset=10)
+    values, cols = selection.result()
+    _same_selection(x, 2, values, cols - 10)
+
+
+# --- The build cache: only this user's verified builds are loaded; damage means a rebuild.
+
+
+@pytest.fixture(scope="module")
+def copying_compiler(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A stand-in C compiler (``$CC``) that "builds" by copying one real build of the kernels
+    (compiled once here), so that the cache tests rebuild in no time."""
+    folder = tmp_path_factory.mktemp("compiler")
+    good = folder / "kernels.so"
+    flags = native._FLAG_SETS[-1]
+    subprocess.run(["cc", *flags, "-o", good, native._SOURCE, "-lm"], check=True)
+    script = folder / "copy-cc"
+    script.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp ' + f"{good} " + '"$2"; shift; done\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.fixture
+def fresh_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copying_compiler: str):
+    """``native._library`` forgotten, with the cache in ``tmp_path/cache`` and
+    ``copying_compiler``; forgotten again afterwards so that later tests load the usual build."""
+    monkeypatch.setenv("HOPFIELD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", copying_compiler)
+    native._library.cache_clear()
+    yield tmp_path / "cache"
+    native._library.cache_clear()
+
+
+def _cached(cache: Path) -> tuple[Path, dict]:
+    """The one cached library under ``cache`` and its manifest."""
+    (manifest,) = cache.glob("native/*/manifest.json")
+    record = json.loads(manifest.read_text())
+    return manifest.parent / record["library"], record
+
+
+def _foreign_library(folder: Path, marker: Path) -> Path:
+    """A library that writes ``marker`` when it is loaded (and has none of the kernels)."""
+    source = folder / "foreign.c"
+    source.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {"
+        f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n'
+    )
+    library = folder / "foreign.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", library, source], check=True)
+    return library
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """A new file with ``data`` at ``path`` (writing into the old one would damage the library
+    this process has loaded from it)."""
+    path.with_suffix(".new").write_bytes(data)
+    os.replace(path.with_suffix(".new"), path)
+
+
+def _plant(library: Path, cache: Path) -> None:
+    """Put ``library`` in the place of the cached build, with a manifest that vouches for it."""
+    cached, record = _cached(cache)
+    data = library.read_bytes()
+    _replace(cached, data)
+    record.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (cached.parent / "manifest.json").write_text(json.dumps(record))
+
+
+def test_a_library_planted_where_others_may_write_is_not_loaded(fresh_library: Path) -> None:
+    x = torch.randn(4, 50)
+    assert native._library() is not None  # a verified build in fresh_library
+    native._library.cache_clear()
+    marker = fresh_library.parent / "planted-ran"
+    _plant(_foreign_library(fresh_library.parent, marker), fresh_library)
+    fresh_library.chmod(0o777)  # e.g. HOPFIELD_CACHE=/tmp: anyone could have put it there
+    with pytest.warns(RuntimeWarning, match="only you may write to") as caught:
+        assert not native.available(x) and not native.available(x)
+    assert len(caught) == 1 and not marker.exists()
+    from hopfield.functional.efficient import top_scores
+
+    values, _ = top_scores(x, 5)  # the PyTorch path
+    torch.testing.assert_close(values.sort(-1).values, x.topk(5).values.sort(-1).values)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs chown")
+def test_a_cache_folder_of_another_user_is_not_used(fresh_library: Path) -> None:
+    fresh_library.mkdir(mode=0o700)
+    os.chown(fresh_library, 65534, -1)
+    with pytest.warns(RuntimeWarning, match="owner uid 65534"):
+        assert native._library() is None
+    assert not list(fresh_library.rglob("*"))
+
+
+def test_a_cached_library_without_the_kernels_is_rebuilt(fresh_library: Path) -> None:
+    assert native._library() is not None
+    native._library.cache_clear()
+    _, before = _cached(fresh_library)
+    # A foreign library its (forged) manifest vouches for: loaded, but it lacks the kernels.
+    _plant(_foreign_library(fresh_library.parent, fresh_library.parent / "ran"), fresh_library)
+    x = torch.randn(3, 40)
+    assert native.available(x)
+    torch.testing.assert_close(native.topk(x, 4)[0].sort(-1).values, x.topk(4)[0].sort(-1).values)
+    library, after = _cached(fresh_library)
+    assert after == before and hashlib.sha256(library.read_bytes()).hexdigest() == after["sha256"]
+
+
+@pytest.mark.parametrize("manifest", ["", "{", "[]", '{"library": "../elsewhere.so"}'])
+def test_a_damaged_manifest_means_a_rebuild(fresh_library: Path, manifest: str) -> None:
+    assert native._library() is not None
+    native._library.cache_clear()
+    library, record = _cached(fresh_library)
+    (library.parent / "manifest.json").write_text(manifest)
+    assert native._library() is not None
+    assert _cached(fresh_library) == (library, record)
+
+
+def test_a_damaged_cached_library_is_rebuilt_not_loaded(fresh_library: Path) -> None:
+    # In a child process: loading a truncated library would kill it with SIGBUS.
+    assert native._library() is not None
+    library, record = _cached(fresh_library)
+    done = _in_fresh_python(
+        f"""
+        import pathlib, torch
+        from hopfield.functional import native
+        library = pathlib.Path({str(library)!r})
+        for size in (0, 4096, 20000, 40000):
+            data = library.read_bytes()[:size]
+            library.with_suffix(".new").write_bytes(data)  # damaged in an earlier process
+            library.with_suffix(".new").replace(library)
+            native._library.cache_clear()
+            x = torch.randn(3, 40)
+            assert native.available(x), size
+            values, _ = native.topk(x, 4)
+            assert torch.equal(values.sort(-1).values, x.topk(4).values.sort(-1).values)
+        """,
+        {"HOPFIELD_CACHE": str(fresh_library), "CC": os.environ["CC"]},
+    )
+    assert done.returncode == 0, done.stderr
+    assert _cached(fresh_library) == (library, record)  # rebuilt with the first flags
+    assert len(list(fresh_library.glob("native/*"))) == 1
+
+
+def test_a_compiler_that_writes_nothing_leaves_nothing_cached(
+    fresh_library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fresh_library.parent / "fake-cc"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.warns(RuntimeWarning, match="wrote no library"):
+        assert native._library() is None
+    assert not [p for p in fresh_library.rglob("*") if p.is_file()]
+
+
+def test_a_compiler_command_with_arguments_builds(
+    fresh_library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = os.environ["CC"]
+    monkeypatch.setenv("CC", f"env {compiler}")  # a program and its arguments, as "ccache gcc"
+    assert native._compiler() == [shutil.which("env"), compiler]
+    assert native._library() is not None
+    assert _cached(fresh_library)[0].is_file()
+
+
+def test_temporary_files_of_dead_builds_are_removed(fresh_library: Path) -> None:
+    assert native._library() is not None
+    native._library.cache_clear()
+    folder = _cached(fresh_library)[0].parent
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    host = platform.node()
+    dead = folder / f".build-{host}-{int(done.stdout)}-abc123.so"
+    live = folder / f".build-{host}-{os.getpid()}-abc123.so"
+    old = folder / ".build-other-host-1-abc123.json"
+    for path in (dead, live, old):
+        path.write_bytes(b"partial")
+    os.utime(old, (0, 0))
+    assert native._library() is not None
+    assert live.exists() and not dead.exists() and not old.exists()
+
+
+def test_a_build_killed_with_sigkill_leaves_no_files_behind(fresh_library: Path) -> None:
+    stuck = fresh_library.parent / "stuck-cc"  # prints no version (as copying_compiler): same key
+    stuck.write_text('#!/bin/sh\n[ "$1" = --version ] && exit 0\nexec sleep 60\n')
+    stuck.chmod(0o755)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from hopfield.functional import native; native._library()"],
+        env={**os.environ, "CC": str(stuck), "HOPFIELD_CACHE": str(fresh_library)},
+        start_new_session=True,  # its own process group: the compiler dies with it
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(fresh_library.glob("native/*/.build-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    (orphan,) = fresh_library.glob("native/*/.build-*")
+    assert native._library() is not None  # the next build, in this process
+    assert not orphan.exists() and _cached(fresh_library)[0].parent == orphan.parent

@@ -12,16 +12,25 @@ one pass over the data:
 - :func:`scatter_outer`: ``dst[idx[r, j]] += w[r, j] · src[r]`` (the gradient of
   :func:`gather_dot` with respect to its table).
 
-The C file has no PyTorch headers: the system C compiler (``$CC``, else ``cc``) builds it in about
-a second into ``$HOPFIELD_CACHE`` (default ``~/.cache/hopfield``)``/native/<hash>/``, keyed by the
-source, the flags, the compiler and the machine, so processes sharing a home directory on
-different machines never load each other's build; several processes building at once each write a
-private file and rename it into place. The library is loaded with :mod:`ctypes` and the kernels
-run on the data pointers of contiguous CPU float32/float64 tensors, over
-:func:`torch.get_num_threads` threads.
+The C file has no PyTorch headers: the system C compiler (``$CC``, split as a shell would, else
+``cc``) builds it in about a second into ``$HOPFIELD_CACHE`` (default
+``~/.cache/hopfield``)``/native/<hash>/``, keyed by the source, the flags, the compiler and the
+machine, so processes sharing a home directory on different machines never load each other's
+build; several processes building at once each write a private file, load it, and rename it into
+place, then its manifest (size, SHA-256, exported kernels). The library is loaded with
+:mod:`ctypes` and the kernels run on the data pointers of contiguous CPU float32/float64 tensors,
+over :func:`torch.get_num_threads` threads.
+
+Loading a library runs its code, so only this user's verified builds are loaded: the cache
+folders must belong to the user and be writable by no one else (else one warning and the PyTorch
+path), and a cached library must match its manifest and export every kernel (else it is rebuilt).
+The public functions check their arguments (device, dtype, shapes, index ranges) before the C
+code sees them; the C code reports failed allocations (a MemoryError here). See docs/efficient.md,
+*Native kernels*.
 
 :func:`available` says whether the kernels can be used; it is ``False`` with
-``HOPFIELD_NATIVE=0`` in the environment, without a C compiler (one warning says why) and for
+``HOPFIELD_NATIVE=0`` in the environment, without a C compiler or a private cache folder (one
+warning says why) and for
 tensors that are not contiguous-able CPU float32/float64 (e.g. on GPUs, where PyTorch's own
 kernels are fast and the callers keep them). Callers fall back to their PyTorch path then; both
 paths are tested against the same float64 references.
@@ -32,13 +41,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
+import math
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -68,6 +82,36 @@ _FLAG_SETS = (
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+_REAL = {"f32": ctypes.c_float, "f64": ctypes.c_double}
+# Argument types of the exported kernels (pointers, int64 sizes, int threads); a cached library
+# must export all of them (its manifest records the list, checked again after loading it).
+_SIGNATURES: dict[str, Sequence[type]] = {
+    "hop_floyd": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
+    **{
+        f"{name}_{suffix}": arguments
+        for suffix, real in _REAL.items()
+        for name, arguments in {
+            "hop_topk_push": [
+                *(_PTR, _INT64, _INT64, _INT64, _INT64),
+                *(_PTR, _PTR, _PTR, _PTR, _PTR, _INT64, ctypes.c_int),
+            ],
+            "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
+            "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
+            "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
+            "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
+            "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
+            "hop_scatter_outer": [
+                *(_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _INT64, ctypes.c_int)
+            ],
+        }.items()
+    },
+}
+_EXPORTS = sorted(_SIGNATURES)
+_NO_MEMORY = 1  # HOP_NO_MEMORY of native_kernels.c
+_MANIFEST = "manifest.json"
+_TEMP_PREFIX = ".build-"
+_STALE_SECONDS = 3600.0  # a build takes seconds (its timeout is 300 s)
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 def enabled() -> bool:
@@ -92,21 +136,152 @@ def _machine_key() -> str:
     return cpu
 
 
-def _compiler() -> str | None:
-    name = os.environ.get("CC", "cc")
-    return shutil.which(name)
-
-
-def _compiler_version(compiler: str) -> str:
+def _compiler() -> list[str] | None:
+    """The compiler command, ``$CC`` split as a shell would (``ccache gcc``), else ``cc``;
+    ``None`` when its program is not found."""
     try:
-        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+        words = shlex.split(os.environ.get("CC", "cc"))
+    except ValueError:
+        return None
+    program = shutil.which(words[0]) if words else None
+    return None if program is None else [program, *words[1:]]
+
+
+def _compiler_version(compiler: list[str]) -> str:
+    try:
+        done = subprocess.run(
+            [*compiler, "--version"], capture_output=True, text=True, errors="replace", timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout
 
 
-def _build(compiler: str, flags: list[str]) -> Path:
-    """Compile the kernels with ``flags`` (or find the cached build); returns the library path."""
+class _UntrustedCache(Exception):
+    """The cache folder may hold files of other users: nothing is built or loaded there."""
+
+
+def _owned_by_us(info: os.stat_result) -> bool:
+    geteuid = getattr(os, "geteuid", None)
+    return geteuid is None or info.st_uid == geteuid()
+
+
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` (mode 0700) if missing; raise :class:`_UntrustedCache` unless it is a
+    folder of this user that no one else may write to."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if not stat.S_ISDIR(info.st_mode) or not _owned_by_us(info) or info.st_mode & _OTHERS_WRITE:
+        raise _UntrustedCache(
+            f"{folder} is not a folder of this user that only it may write to (owner uid "
+            f"{info.st_uid}, mode {stat.filemode(info.st_mode)})"
+        )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(folder: Path) -> Path | None:
+    """The library that ``folder``'s manifest records, if it is a regular file of this user that
+    no one else may write to, of the recorded size and SHA-256 (else ``None``: build again)."""
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+        if not isinstance(manifest, dict):
+            return None
+        library = folder / str(manifest["library"])
+        info = library.lstat()
+        if (
+            manifest.get("exports") != _EXPORTS
+            or library.parent != folder
+            or not stat.S_ISREG(info.st_mode)
+            or not _owned_by_us(info)
+            or info.st_mode & _OTHERS_WRITE
+            or info.st_size != manifest["size"]
+            or info.st_size == 0
+            or _sha256(library) != manifest["sha256"]
+        ):
+            return None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return library
+
+
+def _write_private(folder: Path, suffix: str, data: bytes = b"") -> Path:
+    """A new file ``folder/.build-<host>-<pid>-<random><suffix>`` (mode 0600) holding ``data``:
+    a name :func:`_clean_up` can tell apart once its process is gone."""
+    handle, name = tempfile.mkstemp(
+        prefix=f"{_TEMP_PREFIX}{platform.node()}-{os.getpid()}-", suffix=suffix, dir=folder
+    )
+    with os.fdopen(handle, "wb") as file:
+        file.write(data)
+    return Path(name)
+
+
+def _clean_up(folder: Path) -> None:
+    """Remove the temporary files of builds that died (killed during a build): those of this
+    machine whose process is gone, and any older than an hour."""
+    host = platform.node()
+    for path in folder.glob(_TEMP_PREFIX + "*"):
+        owner_host, _, rest = path.name[len(_TEMP_PREFIX) :].rpartition("-")[0].rpartition("-")
+        try:
+            stale = time.time() - path.lstat().st_mtime > _STALE_SECONDS
+            if not stale and owner_host == host and rest.isdigit():
+                stale = not _alive(int(rest))
+            if stale:
+                path.unlink()
+        except OSError:
+            pass  # removed by another process meanwhile
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    """``dlopen`` ``path`` and declare its kernels; an :class:`OSError` if any is missing."""
+    try:
+        return _declare(ctypes.CDLL(str(path)))
+    except AttributeError as error:
+        raise OSError(f"{path} lacks a kernel: {error}") from error
+
+
+def _compile(compiler: list[str], flags: list[str], folder: Path) -> ctypes.CDLL:
+    """Compile the kernels into a private file, load it and only then publish it under its
+    hash, with its manifest, both by atomic renames."""
+    private = _write_private(folder, ".so")
+    try:
+        command = [*compiler, *flags, "-o", str(private), str(_SOURCE), "-lm"]
+        done = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=300
+        )
+        if done.returncode != 0:
+            raise OSError(f"{shlex.join(command)} failed:\n{done.stderr.strip()}")
+        size = private.stat().st_size
+        if size == 0:
+            raise OSError(f"{shlex.join(command)} exited 0 but wrote no library")
+        os.chmod(private, 0o700)
+        digest = _sha256(private)
+        library = _load(private)
+        final = folder / f"hopfield_kernels-{digest[:16]}.so"
+        os.replace(private, final)
+        record = {"library": final.name, "size": size, "sha256": digest, "exports": _EXPORTS}
+        manifest = _write_private(folder, ".json", json.dumps(record).encode())
+        os.replace(manifest, folder / _MANIFEST)
+        return library
+    finally:
+        private.unlink(missing_ok=True)
+
+
+def _build(compiler: list[str], flags: list[str]) -> ctypes.CDLL:
+    """The kernels built with ``flags``: the cached library if its manifest vouches for it (see
+    :func:`_verified`) and it loads, else a fresh build."""
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(
         source
@@ -114,49 +289,27 @@ def _build(compiler: str, flags: list[str]) -> Path:
         + _compiler_version(compiler).encode()
         + _machine_key().encode()
     ).hexdigest()[:20]
-    folder = _cache_root() / "native" / key
-    library = folder / "hopfield_kernels.so"
-    if library.exists():
-        return library
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, private = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(handle)
-    try:
-        command = [compiler, *flags, "-o", private, str(_SOURCE), "-lm"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
-        os.replace(private, library)
-    finally:
-        if os.path.exists(private):
-            os.remove(private)
-    return library
+    root = _cache_root()
+    folder = root / "native" / key
+    for path in (root, root / "native", folder):
+        _private_folder(path)
+    _clean_up(folder)
+    cached = _verified(folder)
+    if cached is not None:
+        try:
+            return _load(cached)
+        except OSError:
+            pass  # a stale library: build again
+    return _compile(compiler, flags, folder)
 
 
 def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
-    """Argument types of the exported functions (pointers, int64 sizes, int threads)."""
-    signatures = {
-        "hop_topk_push": [
-            *(_PTR, _INT64, _INT64, _INT64, _INT64),
-            *(_PTR, _PTR, _PTR, _PTR, _PTR, _INT64, ctypes.c_int),
-        ],
-        "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
-        "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
-        "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
-        "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
-        "hop_scatter_outer": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _INT64, ctypes.c_int],
-    }
-    for name, arguments in signatures.items():
-        for suffix in _DTYPES.values():
-            function = getattr(library, f"{name}_{suffix}")
-            function.argtypes = arguments
-            function.restype = None
-    library.hop_floyd.argtypes = [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int]
-    library.hop_floyd.restype = None
-    for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
-        function = getattr(library, f"hop_rms_forward_{suffix}")
-        function.argtypes = [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int]
-        function.restype = None
+    """Declare the argument types of the kernels; each returns 0 or :data:`_NO_MEMORY` (see
+    :func:`_run`). An AttributeError if one is missing."""
+    for name, arguments in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes = arguments
+        function.restype = ctypes.c_int
     return library
 
 
@@ -165,26 +318,31 @@ def _library() -> ctypes.CDLL | None:
     """The loaded kernels, or ``None`` (with one warning) when they cannot be built."""
     compiler = _compiler()
     if compiler is None:
-        warnings.warn(
-            "hopfield: no C compiler found (set CC); Top-K and random-mask attention and the "
-            "Hyper-SET RMS norms use their slower PyTorch path",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _warn(f"no C compiler found (CC={os.environ.get('CC', 'cc')!r}; set CC)")
         return None
     errors = []
     for flags in _FLAG_SETS:
         try:
-            return _declare(ctypes.CDLL(str(_build(compiler, flags))))
+            return _build(compiler, flags)
+        except _UntrustedCache as error:
+            _warn(
+                f"not building or loading the native kernels in {_cache_root()}: {error}. Set "
+                "HOPFIELD_CACHE to a folder only you may write to (or chmod go-w it)"
+            )
+            return None
         except (OSError, subprocess.SubprocessError) as error:
             errors.append(str(error))
-    warnings.warn(
-        "hopfield: the native kernels did not build; Top-K and random-mask attention and the "
-        "Hyper-SET RMS norms use their slower PyTorch path. " + "\n".join(errors),
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    _warn("the native kernels did not build: " + "\n".join(errors))
     return None
+
+
+def _warn(reason: str) -> None:
+    warnings.warn(
+        f"hopfield: {reason}; Top-K and random-mask attention and the Hyper-SET RMS norms use "
+        "their slower PyTorch path",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def usable_on(device: torch.device) -> bool:
@@ -207,27 +365,90 @@ def available(*tensors: Tensor) -> bool:
     return usable_on(floats[0].device)
 
 
-def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., None]:
+def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:
     """The exported kernel ``name`` (its ``dtype`` version for the floating-point ones)."""
     library = _library()
     if library is None:  # callers check available() first
         raise RuntimeError("the hopfield native kernels are not available")
     suffix = "" if dtype is None else f"_{_DTYPES[dtype]}"
-    function: Callable[..., None] = getattr(library, name + suffix)
+    function: Callable[..., int] = getattr(library, name + suffix)
     return function
+
+
+def _run(name: str, dtype: torch.dtype | None, *arguments: object) -> None:
+    """Call the kernel ``name`` (see :func:`_function`); a MemoryError if its scratch memory
+    could not be allocated."""
+    if _function(name, dtype)(*arguments) == _NO_MEMORY:
+        raise MemoryError(f"the native kernel {name} could not allocate its scratch memory")
 
 
 def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def _cpu_tensor(name: str, value: object, least_dims: int = 0) -> Tensor:
+    """``value`` if it is a CPU tensor of at least ``least_dims`` dimensions (else a
+    TypeError/ValueError naming ``name``)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {value.device}")
+    if value.dim() < least_dims:
+        raise ValueError(f"{name} must have at least {least_dims} dimension(s), got {value.dim()}")
+    return value
+
+
+def _float_dtype(**tensors: Tensor | None) -> torch.dtype:
+    """The common dtype of the named CPU tensors (``None`` ones skipped): float32 or float64,
+    the same for all (else a TypeError naming the first that differs)."""
+    dtype: torch.dtype | None = None
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        value = _cpu_tensor(name, value)
+        if value.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float32 or float64, got {value.dtype}")
+        if dtype is not None and value.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype} like {next(iter(tensors))}, got {value.dtype}")
+        dtype = value.dtype
+    if dtype is None:
+        raise TypeError("expected at least one floating-point tensor")
+    return dtype
+
+
+def _count(name: str, value: object, least: int) -> int:
+    """``value`` if it is an int of at least ``least`` (else a TypeError/ValueError)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value}")
+    return value
+
+
+def _integers(name: str, value: object) -> Tensor:
+    """``value`` as a contiguous int64 CPU tensor; a TypeError unless it holds integers."""
+    tensor = _cpu_tensor(name, value)
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got {tensor.dtype}")
+    return tensor.to(torch.int64).contiguous()
+
+
 def _check_index(idx: Tensor, size: int, name: str) -> Tensor:
     """``idx`` as contiguous int64, every entry in ``[0, size)`` (else a ValueError: the kernels
     read memory at those offsets)."""
-    idx = idx.to(torch.int64).contiguous()
+    idx = _integers(name, idx)
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= size):
         raise ValueError(f"{name} must hold indices in [0, {size}), got [{idx.min()}, {idx.max()}]")
     return idx
+
+
+def _check_weight(weight: Tensor | None, width: int) -> Tensor | None:
+    """``weight`` (``(width,)`` or ``None``) made contiguous (else a ValueError)."""
+    if weight is not None and weight.shape != (width,):
+        raise ValueError(
+            f"weight must be ({width},) (x's last dimension), got {tuple(weight.shape)}"
+        )
+    return None if weight is None else weight.contiguous()
 
 
 class RunningTopK:
@@ -243,8 +464,8 @@ class RunningTopK:
     """
 
     def __init__(self, rows: int, k: int, dtype: torch.dtype) -> None:
-        if k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
+        _count("rows", rows, 0)
+        _count("k", k, 1)
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         span = 4 * k + 16
@@ -259,30 +480,39 @@ class RunningTopK:
     def restart(self, rows: int) -> None:
         """Start a new selection over ``rows <= capacity`` rows, reusing the buffers (a fresh
         state per block of queries would cost its page faults again)."""
-        if not 0 <= rows <= self.capacity:
+        _count("rows", rows, 0)
+        if rows > self.capacity:
             raise ValueError(f"rows must lie in [0, {self.capacity}], got {rows}")
-        self.rows, self.columns_seen = rows, 0
+        self.rows, self.columns_seen, self._spent = rows, 0, False
         self._values, self._columns = self._all_values[:rows], self._all_columns[:rows]
         self._count, self._threshold = self._all_count[:rows], self._all_threshold[:rows]
         self._mode = self._all_mode[:rows]
         self._count.zero_()
         self._mode.zero_()
 
+    def _check_live(self) -> None:
+        if self._spent:
+            raise RuntimeError("this selection's result() was taken: restart() it first")
+
     def push(self, x: Tensor, offset: int | None = None) -> None:
         """Feed the next columns ``x (..., W)`` (``rows`` rows in all, of the state's dtype),
-        numbered from ``offset`` (default: right after the columns pushed so far)."""
+        numbered from ``offset >= 0`` (default: right after the columns pushed so far)."""
+        self._check_live()
+        _cpu_tensor("x", x, least_dims=1)
+        if x.dtype != self.dtype:
+            raise TypeError(f"x must be {self.dtype} (the selection's dtype), got {x.dtype}")
+        start = self.columns_seen if offset is None else _count("offset", offset, 0)
         width = x.shape[-1]
         chunk = x.reshape(-1, width)
-        if chunk.shape[0] != self.rows or x.dtype != self.dtype:
-            raise ValueError(
-                f"x must hold {self.rows} rows of {self.dtype}, got {chunk.shape[0]} of {x.dtype}"
-            )
+        if chunk.shape[0] != self.rows:
+            raise ValueError(f"x must hold {self.rows} rows of {self.dtype}, got {chunk.shape[0]}")
         if width == 0:
             return
         if chunk.stride(-1) != 1:
             chunk = chunk.contiguous()
-        start = self.columns_seen if offset is None else offset
-        _function("hop_topk_push", self.dtype)(
+        _run(
+            "hop_topk_push",
+            self.dtype,
             chunk.data_ptr(),
             self.rows,
             width,
@@ -300,12 +530,17 @@ class RunningTopK:
 
     def result(self) -> tuple[Tensor, Tensor]:
         """``(values, columns)``, each ``(rows, k)``, unsorted; needs at least ``k`` columns
-        pushed. The state is spent (its buffers are reordered)."""
+        pushed. The state is spent (its buffers are reordered): :meth:`restart` it to push
+        again."""
+        self._check_live()
         if self.columns_seen < self.k:
             raise ValueError(f"only {self.columns_seen} columns were pushed, fewer than k={self.k}")
+        self._spent = True
         values = torch.empty(self.rows, self.k, dtype=self.dtype)
         columns = torch.empty(self.rows, self.k, dtype=torch.int64)
-        _function("hop_topk_finish", self.dtype)(
+        _run(
+            "hop_topk_finish",
+            self.dtype,
             self.rows,
             self._values.data_ptr(),
             self._columns.data_ptr(),
@@ -323,17 +558,18 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     (int64), unsorted, as ``x.topk(k, sorted=False)`` (:class:`RunningTopK` over one chunk, with
     one buffer per thread instead of per row).
     Needs ``1 <= k <= W``."""
+    _float_dtype(x=_cpu_tensor("x", x, least_dims=1))
     width = x.shape[-1]
-    if not 1 <= k <= width:
+    if not 1 <= _count("k", k, 1) <= width:
         raise ValueError(f"k must lie in [1, {width}] (the row width), got {k}")
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"x must be float32 or float64, got {x.dtype}")
     rows = x.reshape(-1, width)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     values = x.new_empty(rows.shape[0], k)
     columns = torch.empty(rows.shape[0], k, dtype=torch.int64)
-    _function("hop_topk", x.dtype)(
+    _run(
+        "hop_topk",
+        x.dtype,
         rows.data_ptr(),
         rows.shape[0],
         width,
@@ -349,17 +585,20 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
     """``out[..., j] = ⟨a[...], table[idx[..., j]]⟩``: ``a (..., E)``, ``table (M, E)``,
     ``idx (..., K)`` (indices into the rows of ``table``) give ``(..., K)``. No autograd."""
+    dtype = _float_dtype(a=_cpu_tensor("a", a, least_dims=1), table=table)
     dim = a.shape[-1]
     if table.dim() != 2 or table.shape[-1] != dim:
         raise ValueError(f"table must be (M, {dim}), got {tuple(table.shape)}")
-    if idx.shape[:-1] != a.shape[:-1]:
+    if _cpu_tensor("idx", idx, least_dims=1).shape[:-1] != a.shape[:-1]:
         raise ValueError(f"idx must be {tuple(a.shape[:-1])} + (K,), got {tuple(idx.shape)}")
-    slots = idx.shape[-1]
-    flat_idx = _check_index(idx, table.shape[0], "idx").view(-1, slots)
     rows = a.reshape(-1, dim).contiguous()
+    slots = idx.shape[-1]
+    flat_idx = _check_index(idx, table.shape[0], "idx").view(rows.shape[0], slots)
     table = table.contiguous()
     out = a.new_empty(rows.shape[0], slots)
-    _function("hop_gather_dot", a.dtype)(
+    _run(
+        "hop_gather_dot",
+        dtype,
         rows.data_ptr(),
         table.data_ptr(),
         flat_idx.data_ptr(),
@@ -374,21 +613,30 @@ def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
 
 def scatter_outer(dst: Tensor, idx: Tensor, w: Tensor, src: Tensor) -> Tensor:
     """``dst[idx[..., j]] += w[..., j] · src[...]`` in place and returned: ``dst (M, E)``,
-    ``idx``/``w (..., K)``, ``src (..., E)``. Zero weights add nothing (not even ``0 · inf``).
-    No autograd."""
-    dim = dst.shape[-1]
+    ``idx``/``w (..., K)``, ``src (..., E)``, ``dst``, ``w`` and ``src`` of one dtype. Zero
+    weights add nothing (not even ``0 · inf``). No autograd."""
+    dtype = _float_dtype(dst=dst, w=w, src=src)
     if dst.dim() != 2 or not dst.is_contiguous():
         raise ValueError(f"dst must be a contiguous (M, E) tensor, got {tuple(dst.shape)}")
-    if src.shape[-1] != dim or src.shape[:-1] != idx.shape[:-1] or w.shape != idx.shape:
+    dim = dst.shape[-1]
+    _cpu_tensor("idx", idx, least_dims=1)
+    if (
+        src.dim() < 1
+        or src.shape[-1] != dim
+        or src.shape[:-1] != idx.shape[:-1]
+        or w.shape != idx.shape
+    ):
         raise ValueError(
             f"expected src (..., {dim}) and w, idx (..., K) over the same rows, got src "
             f"{tuple(src.shape)}, w {tuple(w.shape)}, idx {tuple(idx.shape)}"
         )
-    slots = idx.shape[-1]
-    flat_idx = _check_index(idx, dst.shape[0], "idx").view(-1, slots)
-    weights = w.reshape(-1, slots).contiguous()
     rows = src.reshape(-1, dim).contiguous()
-    _function("hop_scatter_outer", dst.dtype)(
+    slots = idx.shape[-1]
+    flat_idx = _check_index(idx, dst.shape[0], "idx").view(rows.shape[0], slots)
+    weights = w.reshape(rows.shape[0], slots).contiguous()
+    _run(
+        "hop_scatter_outer",
+        dtype,
         weights.data_ptr(),
         flat_idx.data_ptr(),
         rows.data_ptr(),
@@ -404,14 +652,19 @@ def scatter_outer(dst: Tensor, idx: Tensor, w: Tensor, src: Tensor) -> Tensor:
 
 def rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     """``(y, inv)``: ``y = x · inv · weight`` with ``inv = 1 / sqrt(mean(x²) + eps)`` over the
-    last dimension of ``x (..., n)`` (``inv`` is ``(...,)``); ``weight (n,)`` or ``None``.
-    No autograd (see :class:`hopfield.nn.rms_norm.RMSNorm`)."""
+    last dimension of ``x (..., n)`` (``inv`` is ``(...,)``); ``weight (n,)`` (of ``x``'s dtype)
+    or ``None``; ``eps >= 0``. No autograd (see :class:`hopfield.nn.rms_norm.RMSNorm`)."""
+    dtype = _float_dtype(x=_cpu_tensor("x", x, least_dims=1), weight=weight)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     width = x.shape[-1]
+    w = _check_weight(weight, width)
     rows = x.reshape(-1, width).contiguous()
-    w = None if weight is None else weight.contiguous()
     y = torch.empty_like(rows)
     inv = x.new_empty(rows.shape[0])
-    _function("hop_rms_forward", x.dtype)(
+    _run(
+        "hop_rms_forward",
+        dtype,
         rows.data_ptr(),
         None if w is None else w.data_ptr(),
         rows.shape[0],
@@ -427,15 +680,23 @@ def rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, T
 def rms_backward(
     grad: Tensor, x: Tensor, weight: Tensor | None, inv: Tensor, *, weight_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """``(dx, dweight)`` of :func:`rms_forward` for the output gradient ``grad``
-    (``dweight`` only with ``weight_grad``). No autograd."""
+    """``(dx, dweight)`` of :func:`rms_forward` for the output gradient ``grad`` (``x``'s shape)
+    and its ``inv`` (``x.shape[:-1]``); ``dweight`` only with ``weight_grad``. No autograd."""
+    dtype = _float_dtype(x=_cpu_tensor("x", x, least_dims=1), grad=grad, weight=weight, inv=inv)
+    if grad.shape != x.shape or inv.shape != x.shape[:-1]:
+        raise ValueError(
+            f"expected grad {tuple(x.shape)} and inv {tuple(x.shape[:-1])} (x's shape without its "
+            f"last dimension), got grad {tuple(grad.shape)} and inv {tuple(inv.shape)}"
+        )
     width = x.shape[-1]
+    w = _check_weight(weight, width)
     rows = x.reshape(-1, width).contiguous()
     g = grad.reshape(-1, width).contiguous()
-    w = None if weight is None else weight.contiguous()
     dx = torch.empty_like(rows)
     dw = x.new_empty(width) if weight_grad else None
-    _function("hop_rms_backward", x.dtype)(
+    _run(
+        "hop_rms_backward",
+        dtype,
         g.data_ptr(),
         rows.data_ptr(),
         None if w is None else w.data_ptr(),
@@ -451,18 +712,29 @@ def rms_backward(
 
 def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
     """:func:`hopfield.functional.efficient.floyd_sample` (the same subsets from the same
-    uniforms ``rand (R, slots)``) in ``O(R · slots)`` instead of ``O(R · slots²)``.
-    ``count``/``n`` ``(R,)`` int64 with ``0 <= count <= n``; returns ``(R, slots)`` int64."""
-    rows = n.shape[0]
-    if count.shape != (rows,) or rand.shape != (rows, slots):
-        raise ValueError(f"expected count ({rows},) and rand ({rows}, {slots})")
-    count = count.to(torch.int64).contiguous()
-    n = n.to(torch.int64).contiguous()
+    uniforms ``rand (R, slots)``, each in ``[0, 1]``) in ``O(R · slots)`` instead of
+    ``O(R · slots²)``. ``count``/``n`` ``(R,)`` integers with ``0 <= count <= min(n, slots)``;
+    returns ``(R, slots)`` int64."""
+    n = _integers("n", n)
+    count = _integers("count", count)
+    rows = n.shape[0] if n.dim() == 1 else -1
+    _count("slots", slots, 0)
+    if rows < 0 or count.shape != (rows,) or _cpu_tensor("rand", rand).shape != (rows, slots):
+        raise ValueError(
+            f"expected n (R,), count (R,) and rand (R, {slots}), got n {tuple(n.shape)}, count "
+            f"{tuple(count.shape)}, rand {tuple(rand.shape)}"
+        )
     if rows and (bool((count < 0).any()) or bool((count > n).any()) or int(count.max()) > slots):
         raise ValueError("count must lie in [0, min(n, slots)] in every row")
+    if not rand.is_floating_point():
+        raise TypeError(f"rand must hold floating-point uniforms, got {rand.dtype}")
     uniforms = rand.to(torch.float64).contiguous()
+    if not bool(((uniforms >= 0) & (uniforms <= 1)).all()):
+        raise ValueError("rand must hold uniforms in [0, 1] (no NaN)")
     out = torch.empty(rows, slots, dtype=torch.int64)
-    _function("hop_floyd")(
+    _run(
+        "hop_floyd",
+        None,
         uniforms.data_ptr(),
         count.data_ptr(),
         n.data_ptr(),

@@ -10,6 +10,10 @@
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
  * hop_floyd:         uniform subsets without replacement per row (Floyd's algorithm).
+ *
+ * Every exported function returns 0, or HOP_NO_MEMORY when a scratch allocation failed (the
+ * outputs are then incomplete; native.py raises MemoryError). The callers in native.py check
+ * shapes, dtypes, index ranges and uniforms before they get here: the kernels trust them.
  */
 #include <math.h>
 #include <pthread.h>
@@ -18,8 +22,10 @@
 #include <string.h>
 
 #define MAX_THREADS 256
+#define HOP_NO_MEMORY 1
 
-typedef void (*range_fn)(void *args, int64_t lo, int64_t hi);
+/* Work on the rows [lo, hi); returns 0 or HOP_NO_MEMORY. */
+typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,42 +33,39 @@ typedef void (*range_fn)(void *args, int64_t lo, int64_t hi);
 /* Run fn over [0, n) in `threads` contiguous ranges on the OpenMP runtime PyTorch has loaded
  * (libgomp.so.1 is already in the process, so this library shares its thread pool: no second
  * set of threads competes with PyTorch's spinning workers). */
-static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+static int parallel_for(range_fn fn, void *args, int64_t n, int threads) {
     if (threads > n) threads = (int)n;
-    if (threads <= 1) {
-        if (n > 0) fn(args, 0, n);
-        return;
-    }
+    if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
+    int status = 0;
 #pragma omp parallel num_threads(threads)
     {
         int64_t t = omp_get_thread_num(), used = omp_get_num_threads();
         int64_t lo = n * t / used, hi = n * (t + 1) / used;
-        if (lo < hi) fn(args, lo, hi);
+        int failed = lo < hi ? fn(args, lo, hi) : 0;
+#pragma omp atomic
+        status |= failed;
     }
+    return status;
 }
 #else
-#define MAX_THREADS 256
-
 typedef struct {
     range_fn fn;
     void *args;
     int64_t lo, hi;
+    int status;
 } job_t;
 
 static void *run_job(void *p) {
     job_t *job = (job_t *)p;
-    job->fn(job->args, job->lo, job->hi);
+    job->status = job->fn(job->args, job->lo, job->hi);
     return NULL;
 }
 
 /* Without OpenMP: the same split over POSIX threads (the calling thread takes the first). */
-static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+static int parallel_for(range_fn fn, void *args, int64_t n, int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > n) threads = (int)n;
-    if (threads <= 1) {
-        if (n > 0) fn(args, 0, n);
-        return;
-    }
+    if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
     job_t jobs[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started[MAX_THREADS];
@@ -71,17 +74,21 @@ static void parallel_for(range_fn fn, void *args, int64_t n, int threads) {
         jobs[t].args = args;
         jobs[t].lo = n * t / threads;
         jobs[t].hi = n * (t + 1) / threads;
+        jobs[t].status = 0;
         started[t] = 0;
     }
     for (int t = 1; t < threads; t++)
         started[t] = pthread_create(&ids[t], NULL, run_job, &jobs[t]) == 0;
     run_job(&jobs[0]);
+    int status = jobs[0].status;
     for (int t = 1; t < threads; t++) {
         if (started[t])
             pthread_join(ids[t], NULL);
         else
             run_job(&jobs[t]); /* no thread to be had: do its share here */
+        status |= jobs[t].status;
     }
+    return status;
 }
 #endif
 
@@ -96,17 +103,19 @@ typedef struct {
     int64_t *out;
 } floyd_args;
 
-static void floyd_range(void *p, int64_t lo, int64_t hi) {
+static int floyd_range(void *p, int64_t lo, int64_t hi) {
     floyd_args *a = (floyd_args *)p;
     unsigned char *taken = (unsigned char *)calloc(a->width > 0 ? a->width : 1, 1);
+    if (!taken) return HOP_NO_MEMORY;
     for (int64_t r = lo; r < hi; r++) {
         const double *u = a->rand + r * a->slots;
         int64_t *out = a->out + r * a->slots, count = a->count[r], n = a->n[r];
         for (int64_t i = 0; i < a->slots; i++) out[i] = 0;
         for (int64_t i = 0; i < count; i++) {
             int64_t top = n - count + i;
-            int64_t pick = (int64_t)floor(u[i] * (double)(top + 1));
-            if (pick > top) pick = top;
+            double slot = floor(u[i] * (double)(top + 1));
+            /* u = 1 (or anything outside [0, 1), which native.py rejects) gives the top */
+            int64_t pick = slot >= 0 && slot < (double)top ? (int64_t)slot : top;
             if (taken[pick]) pick = top;
             taken[pick] = 1;
             out[i] = pick;
@@ -114,12 +123,13 @@ static void floyd_range(void *p, int64_t lo, int64_t hi) {
         for (int64_t i = 0; i < count; i++) taken[out[i]] = 0;
     }
     free(taken);
+    return 0;
 }
 
-void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_t rows,
-               int64_t slots, int64_t width, int64_t *out, int threads) {
+int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_t rows,
+              int64_t slots, int64_t width, int64_t *out, int threads) {
     floyd_args a = {rand, count, n, slots, width, out};
-    parallel_for(floyd_range, &a, rows, threads);
+    return parallel_for(floyd_range, &a, rows, threads);
 }
 
 /* Capacity of a row's buffer and the modes of its running selection (see state_f32). */
@@ -142,23 +152,23 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
     }                                                                                             \
                                                                                                   \
     /* Radix select on the `bits` highest bits of the keys: the largest prefix p with at least k  \
-     * keys >= p. With every bit it is the k-th largest key; with fewer, a lower bound of it.   \
-     * Each step is one branch-free counting pass. */                                            \
+     * keys >= p. With every bit it is the k-th largest key; with fewer, a lower bound of it.     \
+     * Each step is one branch-free counting pass. */                                             \
     static KEY kth_key_##SUFFIX(const KEY *keys, int64_t n, int64_t k, int bits) {                \
         const int width = (int)(8 * sizeof(KEY));                                                 \
         KEY prefix = 0;                                                                           \
         for (int b = width - 1; b >= width - bits; b--) {                                         \
             KEY candidate = prefix | ((KEY)1 << b);                                               \
-            KEY count = 0; /* as wide as the keys: the counting pass vectorizes */               \
+            KEY count = 0; /* as wide as the keys: the counting pass vectorizes */                \
             for (int64_t i = 0; i < n; i++) count += keys[i] >= candidate;                        \
             if (count >= (KEY)k) prefix = candidate;                                              \
         }                                                                                         \
         return prefix;                                                                            \
     }                                                                                             \
                                                                                                   \
-    /* Unsigned keys of vals[0..n) that order as the values: the bits with the sign flipped     \
-     * (non-negative values) or all bits flipped (negative ones), NaN above +inf; no branches,  \
-     * so the loop vectorises. */                                                                \
+    /* Unsigned keys of vals[0..n) that order as the values: the bits with the sign flipped       \
+     * (non-negative values) or all bits flipped (negative ones), NaN above +inf; no branches,    \
+     * so the loop vectorises. */                                                                 \
     static void keys_of_##SUFFIX(const T *vals, KEY *keys, int64_t n) {                           \
         memcpy(keys, vals, sizeof(KEY) * n);                                                      \
         for (int64_t i = 0; i < n; i++) {                                                         \
@@ -272,24 +282,30 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         memcpy(out_cols, col, sizeof(int64_t) * k);                                               \
     }                                                                                             \
                                                                                                   \
-    static void push_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
+    static int push_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                             \
         push_args_##SUFFIX *a = (push_args_##SUFFIX *)p;                                          \
         const int64_t k = a->st.k, span = CAP(k) + 16;                                            \
         T *maxima = (T *)malloc(sizeof(T) * 2 * k);                                               \
         KEY *keys = (KEY *)malloc(sizeof(KEY) * (span > 2 * k ? span : 2 * k));                   \
+        if (!maxima || !keys) {                                                                   \
+            free(maxima);                                                                         \
+            free(keys);                                                                           \
+            return HOP_NO_MEMORY;                                                                 \
+        }                                                                                         \
         for (int64_t r = lo; r < hi; r++)                                                         \
             push_row_##SUFFIX(a->x + r * a->stride, a->width, a->offset, k, a->st.vals + r * span,\
                               a->st.cols + r * span, a->st.count + r, a->st.threshold + r,        \
                               a->st.mode + r, maxima, keys);                                      \
         free(maxima);                                                                             \
         free(keys);                                                                               \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_topk_push_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride,          \
+    int hop_topk_push_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride,           \
                                 int64_t offset, T *vals, int64_t *cols, int64_t *count, T *threshold,\
                                 int32_t *mode, int64_t k, int threads) {                          \
         push_args_##SUFFIX a = {x, width, stride, offset, {vals, cols, count, threshold, mode, k}};\
-        parallel_for(push_range_##SUFFIX, &a, rows, threads);                                     \
+        return parallel_for(push_range_##SUFFIX, &a, rows, threads);                              \
     }                                                                                             \
                                                                                                   \
     typedef struct {                                                                              \
@@ -298,20 +314,22 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         int64_t *out_cols;                                                                        \
     } finish_args_##SUFFIX;                                                                       \
                                                                                                   \
-    static void finish_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                          \
+    static int finish_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                           \
         finish_args_##SUFFIX *a = (finish_args_##SUFFIX *)p;                                      \
         const int64_t k = a->st.k, span = CAP(k) + 16;                                            \
         KEY *keys = (KEY *)malloc(sizeof(KEY) * span);                                            \
+        if (!keys) return HOP_NO_MEMORY;                                                          \
         for (int64_t r = lo; r < hi; r++)                                                         \
             finish_row_##SUFFIX(a->st.vals + r * span, a->st.cols + r * span, a->st.count[r], k,  \
                                 keys, a->out_vals + r * k, a->out_cols + r * k);                  \
         free(keys);                                                                               \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_topk_finish_##SUFFIX(int64_t rows, T *vals, int64_t *cols, int64_t *count, int64_t k,\
+    int hop_topk_finish_##SUFFIX(int64_t rows, T *vals, int64_t *cols, int64_t *count, int64_t k, \
                                   T *out_vals, int64_t *out_cols, int threads) {                  \
         finish_args_##SUFFIX a = {{vals, cols, count, NULL, NULL, k}, out_vals, out_cols};        \
-        parallel_for(finish_range_##SUFFIX, &a, rows, threads);                                   \
+        return parallel_for(finish_range_##SUFFIX, &a, rows, threads);                            \
     }                                                                                             \
                                                                                                   \
     /* One chunk holding the whole rows: a push and a finish per row, on one buffer per thread (no\
@@ -323,12 +341,18 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         int64_t *out_cols;                                                                        \
     } topk_args_##SUFFIX;                                                                         \
                                                                                                   \
-    static void topk_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                            \
+    static int topk_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                             \
         topk_args_##SUFFIX *a = (topk_args_##SUFFIX *)p;                                          \
         const int64_t k = a->k, span = CAP(k) + 16;                                               \
         T *buf = (T *)malloc(sizeof(T) * (span + 2 * k));                                         \
         int64_t *col = (int64_t *)malloc(sizeof(int64_t) * span);                                 \
         KEY *keys = (KEY *)malloc(sizeof(KEY) * (span > 2 * k ? span : 2 * k));                   \
+        if (!buf || !col || !keys) {                                                              \
+            free(buf);                                                                            \
+            free(col);                                                                            \
+            free(keys);                                                                           \
+            return HOP_NO_MEMORY;                                                                 \
+        }                                                                                         \
         for (int64_t r = lo; r < hi; r++) {                                                       \
             int64_t n = 0;                                                                        \
             T threshold = 0;                                                                      \
@@ -340,12 +364,13 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         free(buf);                                                                                \
         free(col);                                                                                \
         free(keys);                                                                               \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_topk_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride, int64_t k,    \
+    int hop_topk_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride, int64_t k,     \
                            T *out_vals, int64_t *out_cols, int threads) {                         \
         topk_args_##SUFFIX a = {x, width, stride, k, out_vals, out_cols};                         \
-        parallel_for(topk_range_##SUFFIX, &a, rows, threads);                                     \
+        return parallel_for(topk_range_##SUFFIX, &a, rows, threads);                              \
     }                                                                                             \
                                                                                                   \
     static inline T dot_##SUFFIX(const T *a, const T *b, int64_t n) {                             \
@@ -366,7 +391,7 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         T *out;                                                                                   \
     } gather_dot_args_##SUFFIX;                                                                   \
                                                                                                   \
-    static void gather_dot_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
+    static int gather_dot_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                       \
         gather_dot_args_##SUFFIX *g = (gather_dot_args_##SUFFIX *)p;                              \
         for (int64_t r = lo; r < hi; r++) {                                                       \
             const T *ar = g->a + r * g->dim;                                                      \
@@ -375,12 +400,13 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
             for (int64_t j = 0; j < g->slots; j++)                                                \
                 orow[j] = dot_##SUFFIX(ar, g->table + ir[j] * g->dim, g->dim);                    \
         }                                                                                         \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_gather_dot_##SUFFIX(const T *a, const T *table, const int64_t *idx, int64_t rows,    \
+    int hop_gather_dot_##SUFFIX(const T *a, const T *table, const int64_t *idx, int64_t rows,     \
                                  int64_t slots, int64_t dim, T *out, int threads) {               \
         gather_dot_args_##SUFFIX g = {a, table, idx, slots, dim, out};                            \
-        parallel_for(gather_dot_range_##SUFFIX, &g, rows, threads);                               \
+        return parallel_for(gather_dot_range_##SUFFIX, &g, rows, threads);                        \
     }                                                                                             \
                                                                                                   \
     typedef struct {                                                                              \
@@ -391,7 +417,7 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
     } scatter_args_##SUFFIX;                                                                      \
                                                                                                   \
     /* Each thread owns the destination rows [lo, hi) and scans every (r, j): no races. */        \
-    static void scatter_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                         \
+    static int scatter_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                          \
         scatter_args_##SUFFIX *s = (scatter_args_##SUFFIX *)p;                                    \
         const int64_t dim = s->dim;                                                               \
         for (int64_t r = 0; r < s->rows; r++) {                                                   \
@@ -406,13 +432,14 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
                 for (int64_t e = 0; e < dim; e++) d[e] += weight * sr[e];                         \
             }                                                                                     \
         }                                                                                         \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_scatter_outer_##SUFFIX(const T *w, const int64_t *idx, const T *src, int64_t rows,   \
+    int hop_scatter_outer_##SUFFIX(const T *w, const int64_t *idx, const T *src, int64_t rows,    \
                                     int64_t slots, int64_t dim, T *dst, int64_t targets,          \
                                     int threads) {                                                \
         scatter_args_##SUFFIX s = {w, src, idx, rows, slots, dim, targets, dst};                  \
-        parallel_for(scatter_range_##SUFFIX, &s, targets, threads);                               \
+        return parallel_for(scatter_range_##SUFFIX, &s, targets, threads);                        \
     }                                                                                             \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
@@ -422,7 +449,7 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
         T eps;                                                                                    \
     } rms_args_##SUFFIX;                                                                          \
                                                                                                   \
-    static void rms_forward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                     \
+    static int rms_forward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
         rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
         const int64_t n = a->n;                                                                   \
         for (int64_t r = lo; r < hi; r++) {                                                       \
@@ -435,10 +462,11 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
             else                                                                                  \
                 for (int64_t j = 0; j < n; j++) y[j] = x[j] * scale;                              \
         }                                                                                         \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* dx = r (g - x r^2 <g, x> / n) with g = dy * w, row by row. */                              \
-    static void rms_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                    \
+    static int rms_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                     \
         rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
         const int64_t n = a->n;                                                                   \
         for (int64_t r = lo; r < hi; r++) {                                                       \
@@ -462,10 +490,11 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
             else                                                                                  \
                 for (int64_t j = 0; j < n; j++) dx[j] = scale * dy[j] - c * x[j];                 \
         }                                                                                         \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* dw[j] = sum_r dy[r, j] x[r, j] inv[r], each thread owning a range of columns. */           \
-    static void rms_weight_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
+    static int rms_weight_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                       \
         rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
         const int64_t n = a->n;                                                                   \
         for (int64_t j = lo; j < hi; j++) a->dw[j] = 0;                                           \
@@ -474,21 +503,22 @@ void hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64
             const T scale = a->inv[r];                                                            \
             for (int64_t j = lo; j < hi; j++) a->dw[j] += dy[j] * x[j] * scale;                   \
         }                                                                                         \
+        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    void hop_rms_forward_##SUFFIX(const T *x, const T *w, int64_t rows, int64_t n, T eps, T *y,   \
+    int hop_rms_forward_##SUFFIX(const T *x, const T *w, int64_t rows, int64_t n, T eps, T *y,    \
                                   T *inv, int threads) {                                          \
         rms_args_##SUFFIX a = {x, w, NULL, y, inv, NULL, NULL, rows, n, eps};                     \
-        parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads);                              \
+        return parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads);                       \
     }                                                                                             \
                                                                                                   \
-    void hop_rms_backward_##SUFFIX(const T *dy, const T *x, const T *w, const T *inv, int64_t rows,\
+    int hop_rms_backward_##SUFFIX(const T *dy, const T *x, const T *w, const T *inv, int64_t rows,\
                                    int64_t n, T *dx, T *dw, int threads) {                        \
         rms_args_##SUFFIX a = {x, w, dy, NULL, (T *)inv, dx, dw, rows, n, 0};                     \
-        parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads);                             \
-        if (dw) parallel_for(rms_weight_range_##SUFFIX, &a, n, threads);                          \
+        return parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads) |                     \
+               (dw ? parallel_for(rms_weight_range_##SUFFIX, &a, n, threads) : 0);                \
     }                                                                                             \
-                                                                                                  \
+
 
 
 #define KEY uint32_t

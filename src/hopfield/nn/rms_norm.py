@@ -57,8 +57,14 @@ def rms_norm(
     x: Tensor, normalized_shape: list[int], weight: Tensor | None, eps: float | None
 ) -> Tensor:
     """:func:`torch.nn.functional.rms_norm` over the last dimension, on the native kernels where
-    they apply (see the module docstring)."""
-    if len(normalized_shape) == 1 and native.available(x, *([] if weight is None else [weight])):
+    they apply (see the module docstring); anything else, a ``normalized_shape`` or ``weight``
+    that does not match ``x`` included, goes to PyTorch, which also raises its errors."""
+    last = [x.shape[-1]] if x.dim() else None
+    if (
+        list(normalized_shape) == last
+        and (weight is None or list(weight.shape) == last)
+        and native.available(x, *([] if weight is None else [weight]))
+    ):
         return _RMSNormFunction.apply(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
     return F.rms_norm(x, normalized_shape, weight, eps)
 
