@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -609,3 +610,24 @@ def test_the_committed_plan_record_judges_every_parameter_count() -> None:
         (plan, *_) = [p for name in claim.experiments for p in plans.get(name, [])]
         judgement = judge(claim, plan.parameters(claim.planned))
         assert judgement.verdict == ("does not hold" if claim.id in failing else "holds"), claim.id
+
+
+def test_every_committed_preset_is_read_the_largest_first(tmp_path: Path) -> None:
+    """A second preset's record (``outlier-formation-small``) is read under the experiment it
+    names; the largest preset that tests a claim decides, and the record says which one."""
+    write_record(tmp_path, "theory", preset="tiny", tables=[
+        {"name": "Theory checks", "columns": THEORY_COLUMNS, "rows": [
+            ["OutEffHop Lemma 2.1", "OutEffHop energy never increases", "theorem", "-", 5, 1,
+             0.0, "fail"]]}])  # fmt: skip
+    (tmp_path / "theory").rename(tmp_path / "theory-tiny")
+    write_record(tmp_path, "theory", preset="paper", tables=[
+        {"name": "Theory checks", "columns": THEORY_COLUMNS, "rows": [
+            ["OutEffHop Lemma 2.1", "OutEffHop energy never increases", "theorem", "-", 9, 0,
+             0.0, "pass"]]}])  # fmt: skip
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    energy = records["OEH-L2.1-energy"]
+    assert energy["verdict"] == "holds" and energy["scale"] == "paper"
+    shutil.rmtree(tmp_path / "theory")
+    alone = {r["id"]: r for r in evaluate(tmp_path)}["OEH-L2.1-energy"]
+    assert alone["verdict"] == "does not hold" and alone["scale"] == "tiny (theory-tiny)"
+    assert alone["experiment"] == "theory"

@@ -54,11 +54,12 @@ Source = ExperimentRecord | PlanRecord
 
 
 def _sources(
-    claim: Claim, records: dict[str, ExperimentRecord], plans: dict[str, list[PlanRecord]]
+    claim: Claim, records: dict[str, list[ExperimentRecord]], plans: dict[str, list[PlanRecord]]
 ) -> list[Source]:
     """The records that may test ``claim``, in the order they are tried: runs of its
-    experiments, then (for a planned parameter count) their plans."""
-    runs: list[Source] = [records[name] for name in claim.experiments if name in records]
+    experiments (every committed preset, the largest first), then (for a planned parameter
+    count) their plans."""
+    runs: list[Source] = [run for name in claim.experiments for run in records.get(name, [])]
     if not claim.planned:
         return runs
     return runs + [plan for name in claim.experiments for plan in plans.get(name, [])]
@@ -72,7 +73,7 @@ def _evidence(claim: Claim, extract: Extractor, source: Source) -> Evidence:
 
 
 def _evaluate_one(
-    claim: Claim, records: dict[str, ExperimentRecord], plans: dict[str, list[PlanRecord]]
+    claim: Claim, records: dict[str, list[ExperimentRecord]], plans: dict[str, list[PlanRecord]]
 ) -> dict[str, Any]:
     if claim.experiment is None or claim.extract is None:
         return record_of(claim, Judgement("not implemented"), None, claim.note)

@@ -63,8 +63,11 @@ class ExperimentRecord:
 
     @property
     def scale(self) -> str:
-        """Where the evidence comes from: the preset of the run."""
-        return self.preset
+        """Where the evidence comes from: the preset of the run, and its folder where that is not
+        the experiment's name (a second preset's record, ``outlier-formation-small``)."""
+        if self.folder.name == self.name:
+            return self.preset
+        return f"{self.preset} ({self.folder.name})"
 
     def metric(self, key: str) -> float:
         """The scalar metric ``key``; :class:`NotTested` if the run did not record it."""
@@ -91,15 +94,30 @@ class ExperimentRecord:
         return sorted(self.folder.glob(pattern))
 
 
-def load_records(directory: Path | str) -> dict[str, ExperimentRecord]:
-    """``{experiment: record}`` for every ``directory/<experiment>/results.json``."""
+#: The order in which records of several presets of one experiment are read (the largest scale
+#: first: the first record that tests a claim decides it); other presets come between ``small``
+#: and ``tiny``.
+PRESET_ORDER = ("paper", "gpu", "decisive", "cpu", "formation", "small")
+
+
+def _preset_rank(record: ExperimentRecord) -> tuple[int, str]:
+    preset = record.preset
+    rank = PRESET_ORDER.index(preset) if preset in PRESET_ORDER else len(PRESET_ORDER)
+    return (rank + (1 if preset == "tiny" else 0), record.folder.name)
+
+
+def load_records(directory: Path | str) -> dict[str, list[ExperimentRecord]]:
+    """``{experiment: records}`` for every ``directory/<folder>/results.json``: each record under
+    the experiment it names (``outlier-formation-small`` holds a record of
+    ``outlier-formation``), several presets ordered by :data:`PRESET_ORDER`."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"{directory} is not a directory")
-    return {
-        path.parent.name: ExperimentRecord.load(path.parent)
-        for path in sorted(directory.glob(f"*/{RESULTS_FILE}"))
-    }
+    out: dict[str, list[ExperimentRecord]] = {}
+    for path in sorted(directory.glob(f"*/{RESULTS_FILE}")):
+        record = ExperimentRecord.load(path.parent)
+        out.setdefault(record.name, []).append(record)
+    return {name: sorted(records, key=_preset_rank) for name, records in out.items()}
 
 
 @dataclass(frozen=True)
