@@ -34,8 +34,8 @@ from hopfield.functional import (
     TopK,
     Window,
     associate,
+    native,
 )
-from hopfield.functional import native
 from hopfield.nn import Hopfield, OutEffHop
 from hopfield.nn.rms_norm import RMSNorm
 
