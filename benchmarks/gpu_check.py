@@ -999,9 +999,12 @@ def render(record: dict[str, Any] | None) -> str:
         + f"; torch {env['torch']}, CUDA {env['cuda']}; commit {str(env['commit'])[:10]}; "
         f"{record['wall_s']:.0f} s of a {record['budget_s']:.0f} s budget.",
         "",
-        "| section | status | s |",
-        "|---|---|---|",
-        *(f"| {n} | {e['status']} | {e['wall_s']:.0f} |" for n, e in record["sections"].items()),
+        "| section | status | s | peak GPU memory (GiB, this process) |",
+        "|---|---|---|---|",
+        *(
+            f"| {n} | {e['status']} | {e['wall_s']:.0f} | {e.get('peak_gib', '–')} |"
+            for n, e in record["sections"].items()
+        ),
         "",
         "Each time is the median over pairs timed in turn (ours, then the peer, each call ending "
         "with a device synchronisation); the ratio is the median of the per-pair ratios with its "

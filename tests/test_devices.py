@@ -251,7 +251,7 @@ def test_trainer_steps(device: torch.device, dtype: torch.dtype, tmp_path: Path)
         return loss
 
     config = TrainingConfig(
-        max_steps=3,
+        max_steps=5,  # fp16's loss scaler may skip the first steps (overflow at its initial scale)
         batch_size=4,
         lr=1e-3,
         log_every=1,
@@ -261,7 +261,7 @@ def test_trainer_steps(device: torch.device, dtype: torch.dtype, tmp_path: Path)
     trainer = Trainer(model, data, loss_fn, config, tmp_path, progress=False)
     before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
     result = trainer.fit()
-    assert result.finished and len(result.log) == 3
+    assert result.finished and len(result.log) == 5
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.log)
     params = dict(trainer.unwrapped.named_parameters())
     assert {p.device.type for p in params.values()} == {device.type}
