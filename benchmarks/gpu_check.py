@@ -165,7 +165,6 @@ class Run:
     device: torch.device
     sizes: Sizes
     deadline: float  # time.perf_counter() at which the budget is spent
-    out: Path
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -698,7 +697,8 @@ def section_outliers(run: Run, until: float) -> dict[str, Any]:
         )
     if run.smoke:
         raise Skipped(f"smoke mode: the {OUTLIER_PRESET!r} preset is run on the GPU only")
-    folder = run.out.with_name(run.out.stem + "-outliers")
+    # a folder of its own, not beside the record: the record (results embedded) is the one file
+    folder = Path(tempfile.mkdtemp(prefix="gpu-check-outliers-"))
     command = [
         sys.executable,
         "-m",
@@ -815,7 +815,7 @@ def check(smoke: bool, budget_s: float, out: Path) -> dict[str, Any]:
     device = torch.device("cpu" if smoke else "cuda")
     if smoke:
         torch.set_num_threads(1)  # tiny tensors; CI machines are small and shared
-    run = Run(smoke, device, SMOKE_SIZES if smoke else GPU_SIZES, start + budget_s - RESERVE_S, out)
+    run = Run(smoke, device, SMOKE_SIZES if smoke else GPU_SIZES, start + budget_s - RESERVE_S)
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": "smoke" if smoke else "gpu",

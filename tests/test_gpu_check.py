@@ -189,7 +189,6 @@ def _run(deadline_s: float) -> Any:
         device=torch.device("cpu"),
         sizes=gpu_check.SMOKE_SIZES,
         deadline=time.perf_counter() + deadline_s,
-        out=Path("unused.json"),
     )
 
 
@@ -217,3 +216,26 @@ def test_a_full_check_without_cuda_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no CUDA device here; on the CPU use --smoke"):
         gpu_check.check(False, 60.0, tmp_path / "record.json")
     assert not (tmp_path / "record.json").exists()
+
+
+def test_outlier_section_runs_the_cli_and_reports_its_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command the GPU run gives ``hopfield run`` parses (it fails only because the name is
+    made up, so nothing is trained here), and a failure is an error with the CLI's message."""
+    monkeypatch.setattr(gpu_check, "outlier_benchmark_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "OUTLIER_EXPERIMENT", "no-such-experiment")
+    run = _run(120.0)
+    run.smoke = False
+    with pytest.raises(
+        RuntimeError, match=r"exit 2:[\s\S]*unknown experiment 'no-such-experiment'"
+    ):
+        gpu_check.section_outliers(run, time.perf_counter() + 120)
+
+
+def test_outlier_section_is_skipped_where_the_experiment_is_absent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpu_check, "outlier_benchmark_available", lambda: False)
+    with pytest.raises(gpu_check.Skipped, match="not available: no experiment 'outlier-benchmark'"):
+        gpu_check.section_outliers(_run(120.0), time.perf_counter() + 120)
