@@ -350,35 +350,32 @@ def _sweep(
 # --- sections ---------------------------------------------------------------------------------
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a subprocess: this checkout's library first on its path."""
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def section_tests(run: Run, until: float) -> dict[str, Any]:
     """``pytest -m cuda`` in a subprocess; counts from its JUnit XML report."""
     if importlib.util.find_spec("pytest") is None:
         raise Skipped("pytest is not installed")
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
+        # a module that cannot be imported is counted as an error, and the others still run
+        options = ["-m", "cuda", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
         command = [
             sys.executable,
             "-m",
             "pytest",
-            "-m",
-            "cuda",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--continue-on-collection-errors",  # a module that cannot import is counted, not fatal
+            *options,
             f"--junitxml={report}",
             run.sizes.tests,
         ]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        }
         timeout = max(until - time.perf_counter(), 1.0)
         try:
             done = subprocess.run(
-                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+                command, cwd=ROOT, env=_child_env(), capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired as stop:
             raise Skipped(f"pytest did not finish within the section's {timeout:.0f} s") from stop
@@ -388,7 +385,7 @@ def section_tests(run: Run, until: float) -> dict[str, Any]:
             )
         counts = junit_counts(report.read_text())
     return {
-        "command": " ".join(["python", "-m", *command[2:-2], run.sizes.tests]),
+        "command": " ".join(["python -m pytest", *options, run.sizes.tests]),
         "returncode": done.returncode,
         **counts,
         "output_tail": done.stdout[-1500:],
@@ -711,18 +708,12 @@ def section_outliers(run: Run, until: float) -> dict[str, Any]:
         str(folder),
         "--no-progress",
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-    }
     timeout = until - time.perf_counter()
     if timeout < 30:
         raise Skipped(f"only {max(timeout, 0):.0f} s of the budget were left")
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+            command, cwd=ROOT, env=_child_env(), capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as stop:
         raise Skipped(f"did not finish in the {timeout:.0f} s left of the budget") from stop
