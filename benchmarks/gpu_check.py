@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -758,11 +759,32 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _commit() -> str | None:
+    """The checked-out commit, or ``None`` (no git, or a copy of the tree without its history)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def source_hash() -> str:
+    """SHA-256 over the library's source files (paths and contents): which code ran, also where
+    the tree travelled without git."""
+    digest = hashlib.sha256()
+    package = ROOT / "src" / "hopfield"
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".c")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Device, driver-side and library versions of this run."""
     from hopfield.functional import native
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     info: dict[str, Any] = {
         "device": device.type,
         "python": platform.python_version(),
@@ -776,7 +798,8 @@ def environment(device: torch.device) -> dict[str, Any]:
             p: _version(p)
             for p in ("triton", "transformers", "accelerate", "entmax", "adasplash", "pytest")
         },
-        "commit": commit.stdout.strip() if commit.returncode == 0 else None,
+        "commit": _commit(),
+        "source_sha256": source_hash(),
         "native_kernels": native.available(torch.zeros(1)),
     }
     if device.type == "cuda":
@@ -987,7 +1010,7 @@ def render(record: dict[str, Any] | None) -> str:
             if "gpu" in env
             else ""
         )
-        + f"; torch {env['torch']}, CUDA {env['cuda']}; commit {str(env['commit'])[:10]}; "
+        + f"; torch {env['torch']}, CUDA {env['cuda']}; commit {str(env['commit'])[:10]} (sources {env['source_sha256'][:12]}); "
         f"{record['wall_s']:.0f} s of a {record['budget_s']:.0f} s budget.",
         "",
         "| section | status | s | peak GPU memory (GiB, this process) |",

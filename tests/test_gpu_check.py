@@ -239,3 +239,21 @@ def test_outlier_section_is_skipped_where_the_experiment_is_absent(
     monkeypatch.setattr(gpu_check, "outlier_benchmark_available", lambda: False)
     with pytest.raises(gpu_check.Skipped, match="not available: no experiment 'outlier-benchmark'"):
         gpu_check.section_outliers(_run(120.0), time.perf_counter() + 120)
+
+
+def test_source_hash_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "src" / "hopfield"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "notes.txt").write_text("not a source")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    first = gpu_check.source_hash()
+    (package / "notes.txt").write_text("changed, still not a source")
+    assert gpu_check.source_hash() == first
+    (package / "a.py").write_text("x = 2\n")
+    assert gpu_check.source_hash() != first
+
+
+def test_commit_is_none_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git program on the path
+    assert gpu_check._commit() is None
