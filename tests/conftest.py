@@ -65,3 +65,21 @@ def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         if not native.available(torch.zeros(1)):
             pytest.skip("the native kernels did not build on this machine")
     return str(request.param)
+
+
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+            ],
+        ),
+    ]
+)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """Runs a test on the CPU and, where one is present, on the GPU (``pytest -m cuda`` selects
+    the GPU half alone; without a GPU it is skipped)."""
+    return torch.device(request.param)

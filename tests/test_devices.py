@@ -1,0 +1,328 @@
+"""The library on every device (the ``device`` fixture: the CPU, and CUDA where present) in
+float32, bfloat16 and float16: operators, layers, the Hugging Face attention functions, a few
+Trainer steps and the native kernels' PyTorch fallback, each against a float64 CPU reference.
+
+``pytest -m cuda tests/test_devices.py`` runs the CUDA half alone (``benchmarks/gpu_check.py``
+counts its passes and failures); without a GPU that half is skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hopfield.functional import (
+    ClippedSoftmax,
+    Dense,
+    Entmax,
+    Linear,
+    Polynomial,
+    RandomFeatures,
+    RandomMask,
+    Separation,
+    Softmax,
+    SoftmaxN,
+    Sparsemax,
+    Structure,
+    TopK,
+    Window,
+    associate,
+    native,
+)
+from hopfield.nn import Hopfield, OutEffHop
+from hopfield.nn.rms_norm import RMSNorm
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: (atol, rtol) of a result against its float64 reference, per dtype (inputs rounded first).
+TOLERANCE = {
+    torch.float32: (2e-4, 2e-4),
+    torch.bfloat16: (5e-2, 5e-2),
+    torch.float16: (8e-3, 8e-3),
+}
+SEPARATIONS: dict[str, Callable[[], Separation]] = {
+    "softmax": Softmax,
+    "softmax1": lambda: SoftmaxN(1.0),
+    "sink": lambda: SoftmaxN(2.5),  # a fixed sink logit log 2.5: no zero-key identity
+    "clipped": lambda: ClippedSoftmax(gamma=-0.02, zeta=1.05),
+    "polynomial": lambda: Polynomial(3),
+    "sparsemax": Sparsemax,
+    "entmax15": lambda: Entmax(1.5),
+}
+#: The separations whose weights over a subset equal the weights over their own support there
+#: (so a selection structure's weights can be checked from their nonzero entries alone).
+SUPPORT_CLOSED = ("softmax", "softmax1", "sparsemax", "entmax15")
+B, H, L, E = 2, 2, 20, 8
+K = 6
+
+
+def _inputs(dtype: torch.dtype, device: torch.device, values: int = E) -> tuple[Tensor, ...]:
+    """``q, k, v`` rounded to ``dtype`` on ``device``, and their float64 CPU copies."""
+    g = torch.Generator().manual_seed(1)
+    exact = [torch.randn(B, H, L, width, generator=g, dtype=torch.float64) for width in (E, E)]
+    exact.append(torch.randn(B, H, L, values, generator=g, dtype=torch.float64))
+    rounded = [t.to(dtype) for t in exact]
+    return (*(t.to(device) for t in rounded), *(t.double() for t in rounded))
+
+
+def _close(actual: Tensor, expected: Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    atol, rtol = TOLERANCE[dtype]
+    assert actual.dtype == dtype
+    assert torch.isfinite(actual).all()
+    torch.testing.assert_close(actual.cpu().double(), expected, atol=atol * scale, rtol=rtol)
+
+
+def _out(result: Tensor | tuple[Tensor, Tensor | None]) -> Tensor:
+    assert isinstance(result, Tensor)
+    return result
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("structure_name", "separation_name"),
+    [("dense", s) for s in SEPARATIONS]
+    + [("window", s) for s in SEPARATIONS]
+    + [("linear", "softmax"), ("random-features", "softmax")],
+)
+def test_associate_matches_float64(
+    device: torch.device,
+    dtype: torch.dtype,
+    causal: bool,
+    structure_name: str,
+    separation_name: str,
+) -> None:
+    structures: dict[str, Callable[[], Structure]] = {
+        "dense": lambda: Dense(blockwise_from=0),  # the streamed sparse path from any size
+        "window": lambda: Window(4),
+        "linear": Linear,
+        "random-features": lambda: RandomFeatures(seed=0),
+    }
+    q, k, v, q64, k64, v64 = _inputs(dtype, device)
+    separation, structure = SEPARATIONS[separation_name](), structures[structure_name]()
+    expected = _out(
+        associate(q64, k64, v64, separation=separation, structure=structure, causal=causal)
+    )
+    out = _out(associate(q, k, v, separation=separation, structure=structure, causal=causal))
+    assert out.device.type == device.type
+    _close(out, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("separation_name", SUPPORT_CLOSED)
+@pytest.mark.parametrize("structure_name", ["topk", "random-mask"])
+def test_selection_structures_weigh_their_subsets_exactly(
+    device: torch.device,
+    dtype: torch.dtype,
+    causal: bool,
+    separation_name: str,
+    structure_name: str,
+) -> None:
+    """With the values the identity (``v = I``) the output is the weight matrix: every row keeps
+    at most ``K`` keys (Top-K: scores no lower than any dropped one), and its weights are the
+    separation over the kept scores computed in float64."""
+    q, k, _, q64, k64, _ = _inputs(dtype, device)
+    eye = torch.eye(L, dtype=dtype, device=device).expand(B, H, L, L)
+    structure = TopK(K) if structure_name == "topk" else RandomMask(K, seed=0)
+    separation = SEPARATIONS[separation_name]()
+    weights = _out(associate(q, k, eye, separation=separation, structure=structure, causal=causal))
+    weights = weights.cpu().double()
+    scores = q64 @ k64.transpose(-1, -2) * E**-0.5
+    allowed = torch.ones(L, L, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    kept = weights != 0
+    assert not (kept & ~allowed).any()
+    assert (kept.sum(-1) <= K).all() and (kept.sum(-1) >= 1).all()
+    if separation_name in ("softmax", "softmax1"):  # every kept key has a positive weight
+        assert (kept.sum(-1) == allowed.sum(-1).clamp(max=K)).all()
+    if structure_name == "topk":
+        atol, _ = TOLERANCE[dtype]
+        lowest_kept = scores.masked_fill(~kept, torch.inf).amin(-1)
+        highest_dropped = scores.masked_fill(kept | ~allowed, -torch.inf).amax(-1)
+        assert (lowest_kept >= highest_dropped - 8 * atol * scores.abs().amax()).all()
+    expected = separation(scores.masked_fill(~kept, -torch.inf))
+    _close(weights.to(dtype), expected, dtype)
+
+
+def _backward(layer: nn.Module, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    out = layer(x)
+    out.float().square().sum().backward()
+    assert x.grad is not None
+    grads = {name: p.grad for name, p in layer.named_parameters() if p.grad is not None}
+    return out.detach(), {"input": x.grad, **grads}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", [Hopfield, OutEffHop], ids=lambda c: c.__name__)
+def test_layers_forward_and_backward(
+    device: torch.device, dtype: torch.dtype, kind: type[Hopfield]
+) -> None:
+    torch.manual_seed(0)
+    reference = kind(16, 2, dtype=torch.float64)
+    layer = copy.deepcopy(reference).to(device, dtype)
+    reference.load_state_dict({n: t.double() for n, t in layer.state_dict().items()})
+    x64 = torch.randn(B, 12, 16, dtype=torch.float64).to(dtype).double().requires_grad_(True)
+    x = x64.detach().to(device, dtype).requires_grad_(True)
+    out64, grads64 = _backward(reference, x64)
+    out, grads = _backward(layer, x)
+    _close(out, out64, dtype)
+    assert grads.keys() == grads64.keys()
+    largest = max(float(g.abs().max()) for g in grads64.values())
+    for name, grad in grads.items():  # sums over the batch: tolerances relative to the largest
+        _close(grad, grads64[name], dtype, scale=largest)
+
+
+OPT_TINY: dict[str, Any] = dict(
+    num_hidden_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    ffn_dim=64,
+    vocab_size=61,
+    word_embed_proj_dim=32,
+    max_position_embeddings=32,
+    init_std=0.2,  # logits of order one, so that the comparison means something
+)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", ["softmax1", "clipped_softmax1", "gated_softmax1"])
+def test_hf_attention_functions(device: torch.device, dtype: torch.dtype, variant: str) -> None:
+    pytest.importorskip("transformers")
+    from hopfield.integrations import build_model
+
+    torch.manual_seed(0)
+    reference = build_model("opt", variant, **OPT_TINY).eval()
+    model = build_model("opt", variant, **OPT_TINY).eval()
+    model.load_state_dict(reference.state_dict())
+    model.to(device, dtype)
+    reference.load_state_dict({n: t.double() for n, t in model.state_dict().items()})
+    reference.double()
+    ids = torch.randint(
+        0, OPT_TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0)
+    )
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # a padded sequence: the mask path
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    assert logits.device.type == device.type
+    _close(logits, expected, dtype, scale=float(expected.abs().max()))
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Iterator[None]:
+    """accelerate keeps one device and precision per process (its state is shared); a test that
+    picks them starts and ends with a reset state so that it neither sees nor leaves others'."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+PRECISION = {torch.float32: "no", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_trainer_steps(device: torch.device, dtype: torch.dtype, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from hopfield.integrations import build_model
+    from hopfield.training import Trainer, TrainingConfig
+
+    if dtype == torch.float16 and device.type == "cpu":
+        pytest.skip("fp16 mixed precision needs a GPU (accelerate refuses it on the CPU)")
+    torch.manual_seed(0)
+    model = build_model("opt", "softmax1", **OPT_TINY)
+    data = [torch.randint(0, OPT_TINY["vocab_size"], (12,)) for _ in range(16)]
+
+    def loss_fn(model: nn.Module, batch: Tensor) -> Tensor:
+        assert batch.device.type == device.type
+        loss: Tensor = model(input_ids=batch, labels=batch).loss
+        return loss
+
+    config = TrainingConfig(
+        max_steps=5,  # fp16's loss scaler may skip the first steps (overflow at its initial scale)
+        batch_size=4,
+        lr=1e-3,
+        log_every=1,
+        mixed_precision=PRECISION[dtype],
+        cpu=device.type == "cpu",
+    )
+    trainer = Trainer(model, data, loss_fn, config, tmp_path, progress=False)
+    before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    result = trainer.fit()
+    assert result.finished and len(result.log) == 5
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.log)
+    params = dict(trainer.unwrapped.named_parameters())
+    assert {p.device.type for p in params.values()} == {device.type}
+    assert all(p.dtype == torch.float32 for p in params.values())  # float32 master weights
+    assert any(not torch.equal(params[n].detach(), before[n]) for n in before)
+
+
+@pytest.fixture
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the native kernels looked up while the test runs."""
+    calls: list[str] = []
+    lookup = native._function
+
+    def spy(name: str, dtype: torch.dtype | None = None) -> Callable[..., None]:
+        calls.append(name)
+        return lookup(name, dtype)
+
+    monkeypatch.setattr(native, "_function", spy)
+    return calls
+
+
+@pytest.mark.parametrize("structure_name", ["topk", "random-mask"])
+def test_gathered_structures_take_the_native_kernels_only_where_available(
+    device: torch.device, structure_name: str, native_calls: list[str]
+) -> None:
+    """Top-K and random-mask association, forward and backward in float32: the C kernels on the
+    CPU where they built, the PyTorch path elsewhere (GPUs); the same weights either way."""
+    q, k, _, q64, k64, _ = _inputs(torch.float32, device)
+    q.requires_grad_(True)
+    eye = torch.eye(L, device=device).expand(B, H, L, L)
+    structure = TopK(K) if structure_name == "topk" else RandomMask(K, seed=0)
+    weights = _out(associate(q, k, eye, structure=structure))
+    weights.square().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert bool(native_calls) == native.available(q, k)
+    kept = weights.detach().cpu().double() != 0
+    assert (kept.sum(-1) == K).all()
+    scores = (q64 @ k64.transpose(-1, -2) * E**-0.5).masked_fill(~kept, -torch.inf)
+    if structure_name == "topk":
+        top = (q64 @ k64.transpose(-1, -2)).topk(K).indices
+        assert torch.equal(kept, torch.zeros_like(kept).scatter(-1, top, True))
+    _close(weights.detach(), torch.softmax(scores, -1), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_takes_the_native_kernels_only_where_available(
+    device: torch.device, dtype: torch.dtype, native_calls: list[str]
+) -> None:
+    g = torch.Generator().manual_seed(2)
+    x64 = torch.randn(3, 5, 24, generator=g, dtype=torch.float64).to(dtype).double()
+    weight64 = (1 + 0.1 * torch.randn(24, generator=g, dtype=torch.float64)).to(dtype).double()
+    norm = RMSNorm(24, eps=1e-6, device=device, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight64)
+    x = x64.to(device, dtype).requires_grad_(True)
+    x64.requires_grad_(True)
+    out = norm(x)
+    expected = F.rms_norm(x64, [24], weight64, 1e-6)
+    out.float().sum().backward()
+    expected.sum().backward()
+    assert bool(native_calls) == native.available(x, norm.weight)
+    assert x.grad is not None and x64.grad is not None
+    _close(out.detach(), expected.detach(), dtype)
+    _close(x.grad, x64.grad, dtype)
