@@ -28,6 +28,7 @@ from hopfield.plan import (
     plan,
     plan_record_path,
     plan_to_dict,
+    printed_count,
     read_plan_record,
     render_markdown,
     summary_table,
@@ -117,42 +118,64 @@ def _counted(job: TrainingJob) -> int:
     )
 
 
+def _matches_print(job: TrainingJob, count: int) -> bool:
+    value, half = printed_count(job.paper_label)
+    return abs(count - value) <= half
+
+
 @pytest.mark.parametrize(
-    ("family", "variant", "expected"),
+    ("family", "variant", "expected", "as_printed"),
     [
-        ("bert", "softmax", 108_891_648),
-        ("bert", "gated_softmax1", 108_891_648 + 152_208),
-        ("opt", "softmax1", 124_059_648),
-        ("opt", "gated", 124_059_648 + 9_360),
-        ("vit", "clipped", 22_050_664),
-        ("vit", "gated_softmax1", 22_050_664 + 4_680),
+        ("bert", "softmax", 108_891_648, True),  # 108.9m
+        ("bert", "gated_softmax1", 108_891_648 + 152_208, True),
+        ("opt", "softmax1", 124_059_648, True),  # 124.06m
+        ("opt", "gated", 124_059_648 + 9_360, True),
+        ("vit", "clipped", 22_050_664, False),  # the paper prints 22.03m
+        ("vit", "gated_softmax1", 22_050_664 + 4_680, False),
     ],
 )
-def test_outlier_models_have_the_paper_counts(family: str, variant: str, expected: int) -> None:
+def test_outlier_models_against_the_printed_counts(
+    family: str, variant: str, expected: int, as_printed: bool
+) -> None:
+    """Our counts (regression numbers) against the paper's printed ones: only the printed
+    label is stored, so ViT's 22.05 M shows as a mismatch with the printed 22.03m."""
     jobs = jobs_of(f"outliers-{family}", registry.get(f"outliers-{family}").config("paper"))
     (job,) = [j for j in jobs if j.name == f"{family} {variant}"]
-    assert job.paper_parameters == expected
     assert _counted(job) == expected
+    assert _matches_print(job, expected) is as_printed
 
 
 def test_stanhop_and_hyperset_counts() -> None:
     stanhop = jobs_of("stanhop-outliers", registry.get("stanhop-outliers").config("paper"))
     table1 = {j.name.split()[-1]: j for j in stanhop if j.group == "ETTh1 T168→24"}
-    assert _counted(table1["dense"]) == table1["dense"].paper_parameters == 35_128_648  # 35.13m
-    assert _counted(table1["gated"]) == table1["gated"].paper_parameters == 35_149_708  # 35.15m
-    expected = {
-        ("hyperset-images", "hyperset"): 962_218,
-        ("hyperset-images", "hyperset-scaleup"): 1_610_538,
-        ("hyperset-images", "transformer"): 1_794_826,
-        ("hyperset-sudoku", "hyperset"): 5_195_584,
-        ("hyperset-sudoku", "transformer"): 7_156_992,
-        ("hyperset-mim", "hyperset"): 3_937_856,
-        ("hyperset-mim", "hyperset-2x-8d"): 8_072_000,
+    assert _counted(table1["dense"]) == 35_128_648 and table1["dense"].paper_label == "35.13m"
+    assert _counted(table1["gated"]) == 35_149_708 and table1["gated"].paper_label == "35.15m"
+    expected = {  # ours, and whether it rounds to the printed label ("": none printed)
+        ("hyperset-images", "hyperset"): (962_218, True),
+        ("hyperset-images", "hyperset-scaleup"): (1_610_538, True),
+        ("hyperset-images", "transformer"): (1_794_826, True),
+        ("hyperset-sudoku", "hyperset"): (5_195_584, True),
+        ("hyperset-sudoku", "transformer"): (7_156_992, None),
+        ("hyperset-mim", "hyperset"): (3_937_856, True),
+        ("hyperset-mim", "hyperset-2x-8d"): (8_072_000, True),
+        ("hyperset-mim", "transformer"): (8_654_848, False),  # the paper prints 8.85 M
     }
-    for (name, model), count in expected.items():
+    for (name, model), (count, as_printed) in expected.items():
         (job,) = [j for j in jobs_of(name, registry.get(name).config("paper")) if j.name == model]
-        assert job.paper_parameters == count
         assert _counted(job) == count, (name, model)
+        if as_printed is None:
+            assert job.paper_label == ""
+        else:
+            assert _matches_print(job, count) is as_printed, (name, model)
+
+
+def test_printed_counts_are_parsed_at_their_precision() -> None:
+    assert printed_count("108.9m") == pytest.approx((108.9e6, 0.05e6))
+    assert printed_count("5.20 M") == pytest.approx((5.2e6, 0.005e6))
+    assert printed_count("14.3M") == pytest.approx((14.3e6, 0.05e6))
+    assert printed_count("962k") == pytest.approx((962e3, 500.0))
+    with pytest.raises(ValueError, match="paper_label"):
+        printed_count("about 22 M")
 
 
 # --- measuring ----------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -101,6 +102,7 @@ __all__ = [
     "plan",
     "plan_record_path",
     "plan_to_dict",
+    "printed_count",
     "read_plan_record",
     "render_markdown",
     "summary_table",
@@ -201,9 +203,10 @@ class TrainingJob:
         total_steps: optimiser steps over all runs when the runs differ in length (default
             ``optimizer_steps × runs``).
         data: datasets the job reads.
-        paper_parameters: the exact parameter count the paper's (rounded) number stands for,
-            where the paper states one (checked against ``count_parameters``).
-        paper_label: the paper's number as printed, e.g. ``"108.9m"``.
+        paper_label: the paper's parameter count exactly as printed, e.g. ``"108.9m"`` or
+            ``"5.20 M"`` (empty where the paper prints none); ``count_parameters`` is checked
+            against it at its printed precision (:func:`printed_count`), never against a count
+            of ours.
         count_parameters: the paper's counting convention (default: every parameter).
         group: rows with the same group are summarised together.
         precision: the training precision of the preset (``"fp32"``, ``"fp16 autocast"``).
@@ -227,7 +230,6 @@ class TrainingJob:
     micro_batch_size: int | None = None
     total_steps: int | None = None
     data: tuple[DataNeed, ...] = ()
-    paper_parameters: int | None = None
     paper_label: str = ""
     count_parameters: Callable[[nn.Module], int] | None = None
     group: str = ""
@@ -585,7 +587,7 @@ class JobEstimate:
     tokens_per_step: int | None
     parameters: int
     parameters_counted: int
-    paper_parameters: int | None
+    paper_parameters: float | None
     paper_label: str
     parameters_match: bool | None
     flops_per_micro_batch: int
@@ -617,6 +619,26 @@ class PlanCache:
     def __init__(self) -> None:
         self.layouts = LayoutCache()
         self.models: dict[Hashable, ModelMeasurement] = {}
+
+
+_PRINTED_COUNT = re.compile(r"\s*(\d+)(?:\.(\d+))?\s*([mMkK]?)\s*")
+
+
+def printed_count(label: str) -> tuple[float, float]:
+    """``(value, half a unit of the last printed digit)`` of a parameter count as a paper prints
+    it: ``"108.9m"`` → ``(108.9e6, 0.05e6)``, ``"5.20 M"`` → ``(5.2e6, 0.005e6)``, ``"962k"``;
+    a count rounds to the label when it lies within the half unit. ``ValueError`` for any other
+    text."""
+    match = _PRINTED_COUNT.fullmatch(label)
+    if match is None:
+        raise ValueError(
+            f"paper_label must be a printed count like '108.9m' or '5.20 M', got {label!r}"
+        )
+    whole, decimals, unit = match.groups()
+    scale = {"m": 1e6, "k": 1e3, "": 1.0}[unit.lower()]
+    digits = len(decimals or "")
+    value = float(f"{whole}.{decimals or 0}") * scale
+    return value, 0.5 * 10.0**-digits * scale
 
 
 def measure_model(job: TrainingJob, layouts: LayoutCache | None = None) -> ModelMeasurement:
@@ -662,6 +684,7 @@ def estimate(
     flops_step = round(measured.flops * job.global_batch / micro)
     total_steps = job.total_steps if job.total_steps is not None else job.optimizer_steps * job.runs
     flops_total = float(flops_step) * total_steps
+    printed = printed_count(job.paper_label) if job.paper_label else None
     return JobEstimate(
         name=job.name,
         group=job.group or job.name,
@@ -678,11 +701,9 @@ def estimate(
         ),
         parameters=parameters,
         parameters_counted=counted,
-        paper_parameters=job.paper_parameters,
+        paper_parameters=printed[0] if printed else None,
         paper_label=job.paper_label,
-        parameters_match=(
-            None if job.paper_parameters is None else counted == job.paper_parameters
-        ),
+        parameters_match=abs(counted - printed[0]) <= printed[1] if printed else None,
         flops_per_micro_batch=measured.flops,
         flops_per_step=flops_step,
         flops_total=flops_total,
@@ -980,9 +1001,10 @@ def _paper_cell(jobs: Sequence[JobEstimate]) -> str:
     stated = [j for j in jobs if j.paper_parameters is not None]
     if not stated:
         return ""
-    labels = "/".join(dict.fromkeys(j.paper_label or f"{j.paper_parameters:,}" for j in stated))
-    ok = all(j.parameters_match for j in stated)
-    return f"{labels} {'✓' if ok else '✗ ' + _span([j.paper_parameters for j in stated], '{:,}'.format)}"
+    labels = "/".join(dict.fromkeys(j.paper_label for j in stated))
+    if all(j.parameters_match for j in stated):
+        return f"{labels} ✓"
+    return f"{labels} ✗ ours {_span([j.parameters_counted for j in stated], '{:,}'.format)}"
 
 
 _JOB_COLUMNS: tuple[str, ...] = (

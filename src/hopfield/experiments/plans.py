@@ -181,15 +181,6 @@ def convergence_jobs(config: Any) -> list[TrainingJob]:
 
 # --- outliers (BERT, OPT, ViT) ------------------------------------------------------------------
 
-#: The exact counts behind OutEffHop Table 1's "108.9m", "124.06m" and the ViT-S/16 count (the
-#: paper prints "22.03m"), in :func:`hopfield.integrations.paper_parameter_count`'s convention,
-#: and what the gated variants add (tests/test_integrations.py).
-OUTLIER_PAPER_COUNTS: dict[str, tuple[int, int]] = {
-    "bert": (108_891_648, 152_208),
-    "opt": (124_059_648, 9_360),
-    "vit": (22_050_664, 4_680),
-}
-
 
 def _text_model_config(settings: Any) -> dict[str, Any]:
     """The ``build_model`` keywords the study's text task gives (vocabulary, special ids,
@@ -296,11 +287,7 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
                 return model(input_ids=batch, labels=batch).loss
 
         for variant in dict.fromkeys(config.variants):
-            count, label = None, ""
-            if config.scale == "paper":
-                base, gate = OUTLIER_PAPER_COUNTS[family]
-                count = base + (gate if "gated" in variant else 0)
-                label = PAPER_TABLE1[family, variant][4]
+            label = PAPER_TABLE1[family, variant][4] if config.scale == "paper" else ""
             jobs.append(
                 TrainingJob(
                     name=f"{family} {variant}",
@@ -325,7 +312,6 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
                         "Evaluation and W8A8 calibration after training are not counted.",
                         *union,
                     ),
-                    paper_parameters=count,
                     paper_label=label,
                     # the settings determine model, batch and loss: outliers and
                     # outliers-<family> share the measurement under `hopfield plan --all`
@@ -444,15 +430,15 @@ def _series_columns(dataset: str) -> int:
     return DATASETS[dataset].shape[1]
 
 
-#: STanHop-Net parameters of OutEffHop Table 1 (ETTh1, T 168, τ 24, L 6), without the position
-#: tables: "35.13m", and "35.15m" for the gated rows (spec stanhop.md §11).
+#: STanHop-Net parameter counts as OutEffHop Table 1 prints them (ETTh1, T 168, τ 24, L 6),
+#: counted without the position tables (spec stanhop.md §11).
 STANHOP_PAPER_COUNTS = {
-    "dense": (35_128_648, "35.13m"),
-    "outeffhop": (35_128_648, "35.13m"),
-    "clipped": (35_128_648, "35.13m"),
-    "clipped_outeffhop": (35_128_648, "35.13m"),
-    "gated": (35_149_708, "35.15m"),
-    "gated_outeffhop": (35_149_708, "35.15m"),
+    "dense": "35.13m",
+    "outeffhop": "35.13m",
+    "clipped": "35.13m",
+    "clipped_outeffhop": "35.13m",
+    "gated": "35.15m",
+    "gated_outeffhop": "35.15m",
 }
 _STANHOP_ARCH = ("d_model", "d_ff", "num_heads", "e_layers", "factor", "win_size")
 
@@ -507,7 +493,7 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
         )
         table1 = paper_arch and (dataset, horizon, in_len, seg_len) == ("ETTh1", 24, 168, 6)
         for kind in config.models:
-            count, label = STANHOP_PAPER_COUNTS.get(kind, (None, "")) if table1 else (None, "")
+            label = STANHOP_PAPER_COUNTS.get(kind, "") if table1 else ""
             jobs.append(
                 TrainingJob(
                     name=f"{dataset} T{in_len}→{horizon} {kind}",
@@ -524,7 +510,6 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
                     count_parameters=_stanhop_counted,
                     group=f"{dataset} T{in_len}→{horizon}",
                     notes=(note,),
-                    paper_parameters=count,
                     paper_label=label,
                 )
             )
@@ -770,18 +755,18 @@ def mil_mnist_bags_jobs(config: Any) -> list[TrainingJob]:
 
 # --- Hyper-SET ----------------------------------------------------------------------------------
 
-#: Exact counts of spec hyperset.md §4.5 behind the paper's rounded numbers (CIFAR-10 / -100).
-HYPERSET_IMAGE_COUNTS: dict[tuple[str, str], tuple[int, str]] = {
-    ("cifar10", "hyperset"): (962_218, "0.96M"),
-    ("cifar10", "hyperset-scaleup"): (1_610_538, "1.61M"),
-    ("cifar10", "transformer"): (1_794_826, "1.79M"),
-    ("cifar10", "crate"): (468_106, "0.47M"),
-    ("cifar10", "crate-t"): (320_266, "0.32M"),
-    ("cifar10", "et"): (908_939, "0.91M"),
-    ("cifar10", "hyperset-d1536"): (14_268_394, "14.3M"),
-    ("cifar100", "hyperset-d1536"): (14_406_724, "14.4M"),
-    ("cifar100", "hyperset-scaleup"): (1_656_708, "1.66M"),
-    ("cifar100", "transformer"): (1_829_476, "1.83M"),
+#: Hyper-SET Table 1 parameter counts as printed (CIFAR-10 / -100; spec hyperset.md §4.5).
+HYPERSET_IMAGE_COUNTS: dict[tuple[str, str], str] = {
+    ("cifar10", "hyperset"): "0.96M",
+    ("cifar10", "hyperset-scaleup"): "1.61M",
+    ("cifar10", "transformer"): "1.79M",
+    ("cifar10", "crate"): "0.47M",
+    ("cifar10", "crate-t"): "0.32M",
+    ("cifar10", "et"): "0.91M",
+    ("cifar10", "hyperset-d1536"): "14.3M",
+    ("cifar100", "hyperset-d1536"): "14.4M",
+    ("cifar100", "hyperset-scaleup"): "1.66M",
+    ("cifar100", "transformer"): "1.83M",
 }
 _IMAGE_ARCH = ("grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_heads",
                "iterations", "time_frequency")  # fmt: skip
@@ -816,11 +801,7 @@ def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
 
     jobs = []
     for name in _model_names(config):
-        count, label = (
-            HYPERSET_IMAGE_COUNTS.get((config.dataset, name), (None, ""))
-            if paper_arch
-            else (None, "")
-        )
+        label = HYPERSET_IMAGE_COUNTS.get((config.dataset, name), "") if paper_arch else ""
         jobs.append(
             TrainingJob(
                 name=name,
@@ -833,7 +814,6 @@ def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
                 data=data,
                 count_parameters=count_parameters,
                 notes=(note,),
-                paper_parameters=count,
                 paper_label=label,
             )
         )
@@ -847,7 +827,7 @@ RRN_TRAIN_PUZZLES = 180_000
 def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
     """Every model of ``hyperset-sudoku`` (Hyper-SET, Transformer, ablations); one run each."""
     from hopfield.data.sudoku import RRN_FILES, SATNET_FILES
-    from hopfield.experiments.hyperset_sudoku import PAPER_PARAMS, PRESETS, blank_loss, build
+    from hopfield.experiments.hyperset_sudoku import PRESETS, blank_loss, build
     from hopfield.nn.hyperset import count_parameters
 
     puzzles = config.train_size
@@ -861,7 +841,7 @@ def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
     paper_arch = _same_fields(
         config, PRESETS["paper"], ("d_model", "num_heads", "ff_ratio", "time_frequency")
     )
-    labels = {"hyperset": "5.20M", "transformer": "7.16M"}
+    labels = {"hyperset": "5.20 M"}  # App. D.2; the paper prints no Transformer count
     note = (
         f"hyperset-sudoku {config.dataset}: {puzzles:,} training puzzles, {per_epoch} steps per "
         f"epoch (the incomplete last batch dropped), {config.epochs} epochs; {config.iterations} iterations "
@@ -880,8 +860,7 @@ def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
 
     jobs = []
     for name in (*config.models, *config.ablations):
-        count = PAPER_PARAMS.get(name) if paper_arch else None
-        label = labels.get(name, "") if count is not None else ""
+        label = labels.get(name, "") if paper_arch else ""
         jobs.append(
             TrainingJob(
                 name=name,
@@ -894,7 +873,6 @@ def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
                 data=data,
                 count_parameters=count_parameters,
                 notes=(note,),
-                paper_parameters=count,
                 paper_label=label,
             )
         )
@@ -939,7 +917,7 @@ def hyperset_mim_jobs(config: Any) -> list[TrainingJob]:
             "the paper's Transformer has 8.85M parameters against 8,654,848 here (unresolved, "
             "spec hyperset.md §4.5)."
         )
-    counts = {"hyperset": (3_937_856, "3.94M"), "hyperset-2x-8d": (8_072_000, "8.07M")}
+    counts = {"hyperset": "3.94 M", "hyperset-2x-8d": "8.07 M", "transformer": "8.85 M"}
 
     def make_batch(n: int, device: torch.device) -> Batch:
         return torch.randint(config.codebook_size, (n, tokens), device=device)
@@ -954,9 +932,7 @@ def hyperset_mim_jobs(config: Any) -> list[TrainingJob]:
 
     jobs = []
     for name in config.models:
-        count, label = (
-            counts.get(name, (None, "")) if paper and config.d_model == 768 else (None, "")
-        )
+        label = counts.get(name, "") if paper and config.d_model == 768 else ""
         jobs.append(
             TrainingJob(
                 name=name,
@@ -969,7 +945,6 @@ def hyperset_mim_jobs(config: Any) -> list[TrainingJob]:
                 data=data,
                 count_parameters=count_parameters,
                 notes=tuple(notes),
-                paper_parameters=count,
                 paper_label=label,
             )
         )
