@@ -176,13 +176,21 @@ def overrides_of(experiment: Experiment, preset: str, config: Any) -> dict[str, 
     return {key: value for key, value in now.items() if base.get(key) != value}
 
 
+#: Configuration fields that only say where a sitting stops, as ``--max-steps`` does: a run
+#: that differs in them is the same run, and the next sitting continues it from its checkpoints.
+LIMIT_FIELDS = frozenset({"until_epoch"})
+
+
 def _settings(record: dict[str, Any]) -> dict[str, Any]:
     """What makes a run's numbers: preset, configuration, precision and stand-in data (not
-    ``--max-steps``: a run cut by it continues under the same settings without it, nor the
-    micro-batch size, which keeps the recipe)."""
+    ``--max-steps`` or a field of :data:`LIMIT_FIELDS`: a run cut by one continues under the
+    same settings without it, nor the micro-batch size, which keeps the recipe)."""
+    config = record.get("config")
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in LIMIT_FIELDS}
     return {
         "preset": record.get("preset"),
-        "config": record.get("config"),
+        "config": config,
         "mixed_precision": record.get("mixed_precision"),
         "stand_in_data": (record.get("limits") or {}).get("stand_in_data", False),
     }
