@@ -6,8 +6,12 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,8 +28,10 @@ from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import process_layout
 
 RESULTS_FILE = "results.json"
-#: Beside an unfinished run: the sittings it has had so far (each stopped or failed sitting adds
-#: one); the finished record carries the list and the totals instead.
+#: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
+#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C, SIGTERM) or ``"failed"`` when it ends so;
+#: one still ``"running"`` there was killed and reads back as ``"killed"``); the finished record
+#: carries the list and the totals instead.
 SITTINGS_FILE = "sittings.json"
 
 
@@ -262,8 +268,8 @@ def earlier_sittings(folder: Path, planned: dict[str, Any]) -> list[dict[str, An
     try:
         kept = json.loads(unfinished.read_text())
         if isinstance(kept, dict) and {k: kept.get(k) for k in now} == now:
-            return list(kept["sittings"])
-    except (OSError, ValueError, KeyError):
+            return [_ended(s) for s in kept["sittings"]]
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
         old = load_record(folder / RESULTS_FILE)
@@ -273,6 +279,38 @@ def earlier_sittings(folder: Path, planned: dict[str, Any]) -> list[dict[str, An
         return []
     keys = ("started_at", "wall_time_s", "cpu_time_s")
     return list(old.get("sittings") or [{**{k: old.get(k) for k in keys}, "outcome": "finished"}])
+
+
+def _ended(sitting: dict[str, Any]) -> dict[str, Any]:
+    """A sitting read back from :data:`SITTINGS_FILE`: one still ``"running"`` there was ended by
+    a signal that left it no time to record (SIGKILL, a power cut): ``"killed"``, its times
+    unknown (``None``)."""
+    if sitting.get("outcome") != "running":
+        return sitting
+    return {**sitting, "wall_time_s": None, "cpu_time_s": None, "outcome": "killed"}
+
+
+def _total(sittings: list[dict[str, Any]], key: str) -> float:
+    """The sum of ``key`` over the sittings whose time is known."""
+    return sum(s[key] for s in sittings if s.get(key) is not None)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's or ``kill``'s stop) raises ``KeyboardInterrupt`` in the main thread
+    while the block runs, so that the sitting is recorded as stopped, as for Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_experiment(
@@ -358,14 +396,25 @@ def run_experiment(
             "outcome": outcome,
         }
 
-    try:
-        results = experiment.run(config, context)
-    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
-        raise
-    except (KeyboardInterrupt, Exception) as stop:
-        outcome = "stopped" if isinstance(stop, KeyboardInterrupt) else "failed"
+    def keep(outcome: str) -> None:
         kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
         context.save_json(SITTINGS_FILE, kept)
+
+    unfinished = context.path(SITTINGS_FILE)
+    before = unfinished.read_text() if unfinished.is_file() else None
+    keep("running")  # what a killed sitting leaves (a stopped or failed one says so below)
+    try:
+        with _terminate_as_interrupt():
+            results = experiment.run(config, context)
+    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
+        if context.is_main_process:
+            if before is None:
+                unfinished.unlink(missing_ok=True)
+            else:
+                unfinished.write_text(before)
+        raise
+    except (KeyboardInterrupt, Exception) as stop:
+        keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
         if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
             raise RunInterrupted(context.out_dir) from stop
         raise
@@ -382,8 +431,8 @@ def run_experiment(
         "versions": versions(),
         "started_at": sittings[0]["started_at"],
         # Over every sitting; CPU time of the main process, all its threads.
-        "wall_time_s": sum(s["wall_time_s"] for s in sittings),
-        "cpu_time_s": sum(s["cpu_time_s"] for s in sittings),
+        "wall_time_s": _total(sittings, "wall_time_s"),
+        "cpu_time_s": _total(sittings, "cpu_time_s"),
         "sittings": sittings,
         "processes": context.processes,
         "mixed_precision": mixed_precision,
