@@ -262,7 +262,7 @@ def test_non_finite_memories_or_gram_are_refused() -> None:
         fit_svr(nan_keys, values, linear_kernel)
     inf_values = values.clone()
     inf_values[4, 0] = math.inf
-    with pytest.raises(ValueError, match="targets must be finite.*row 4"):
+    with pytest.raises(ValueError, match=r"targets must be finite.*row 4"):
         fit_svr(keys, inf_values, linear_kernel)
     with pytest.raises(ValueError, match="kernel: the Gram matrix"):
         fit_svr(keys, values, ExponentialKernel(1e4))
