@@ -333,7 +333,10 @@ def run_experiment(
     Returns the path of the results file. The file holds the configuration, seed, software
     versions, wall time and CPU time (of this process; on a busy machine the wall time
     grows and the CPU time does not), the number of processes that ran it, the run limits and the
-    :class:`Results` (tables, metrics, figures).
+    :class:`Results` (tables, metrics, figures). Both times are sums over the run's sittings
+    (:data:`SITTINGS_FILE`): this one is recorded there as ``"running"`` when it starts and as
+    ``"stopped"`` (Ctrl-C, or SIGTERM, which raises :class:`RunInterrupted` as Ctrl-C does) or
+    ``"failed"`` when it ends so.
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
