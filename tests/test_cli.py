@@ -152,6 +152,31 @@ def test_a_failed_sitting_is_kept_and_a_refused_run_leaves_none(
     assert not (tmp_path / "bad" / "retrieval-demo" / "sittings.json").exists()
 
 
+def test_a_refused_sitting_leaves_the_sittings_as_they_were(
+    tmp_path: Path, registered: Any
+) -> None:
+    """A sitting is recorded when it starts; one refused for missing data is taken back."""
+    calls: list[int] = []
+
+    def fails_then_lacks_data(config: Any, ctx: RunContext) -> Results:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the run broke")
+        raise DataNotFoundError("no such dataset")
+
+    registered("test-refused", fails_then_lacks_data)
+    with pytest.raises(RuntimeError):
+        run_experiment("test-refused", "tiny", tmp_path, progress=False)
+    sittings = tmp_path / "test-refused" / "sittings.json"
+    kept = sittings.read_text()
+    with pytest.raises(DataNotFoundError):
+        run_experiment("test-refused", "tiny", tmp_path, progress=False)
+    assert sittings.read_text() == kept  # the failed sitting only, no refused one
+    with pytest.raises(DataNotFoundError):
+        run_experiment("test-refused", "tiny", tmp_path / "fresh", progress=False)
+    assert not (tmp_path / "fresh" / "test-refused" / "sittings.json").exists()
+
+
 _SLOW_RUN = """
 import sys, time
 from pathlib import Path

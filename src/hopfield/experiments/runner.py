@@ -295,6 +295,15 @@ def _total(sittings: list[dict[str, Any]], key: str) -> float:
     return sum(s[key] for s in sittings if s.get(key) is not None)
 
 
+def _put_back(unfinished: Path, before: str | None) -> None:
+    """Undo a refused sitting's record: the sittings file as it was (``before``; ``None``: there
+    was none)."""
+    if before is None:
+        unfinished.unlink(missing_ok=True)
+    else:
+        unfinished.write_text(before)
+
+
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (a scheduler's or ``kill``'s stop) raises ``KeyboardInterrupt`` in the main thread
@@ -411,10 +420,7 @@ def run_experiment(
             results = experiment.run(config, context)
     except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
         if context.is_main_process:
-            if before is None:
-                unfinished.unlink(missing_ok=True)
-            else:
-                unfinished.write_text(before)
+            _put_back(unfinished, before)
         raise
     except (KeyboardInterrupt, Exception) as stop:
         keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
