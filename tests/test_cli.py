@@ -295,9 +295,19 @@ def test_mixed_precision_applies_to_every_training_run(tmp_path: Path) -> None:
         assert state["config"]["mixed_precision"] == "bf16"
 
 
+def _full_disk_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err.strip()
+
+
 def test_a_full_disk_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    demo = ["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]
     real = Path.write_text
 
     def full(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
@@ -306,11 +316,19 @@ def test_a_full_disk_is_one_line(
         real(path, text[:10])  # half written when the disk fills
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", full)
-    with pytest.raises(SystemExit) as stop:
-        main(["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"])
-    assert stop.value.code == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("hopfield run: [Errno 28] no space left on the device to write ")
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "write_text", full)
+        line = _full_disk_line(demo, capsys)
+    assert line.startswith("hopfield run: no space left on the device to write ")
+    assert "sittings.json; free some space and run again" in line
     assert not list(tmp_path.rglob("*.tmp"))
+
+    import matplotlib.figure
+
+    def no_room(figure: Any, name: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(name))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", no_room)
+    line = _full_disk_line(demo, capsys)  # a write of no guarded writer: still one line
+    assert line.startswith("hopfield run: no space left: [Errno 28] No space left on device: ")
+    assert "retrieval_demo.png" in line

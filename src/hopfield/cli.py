@@ -23,7 +23,12 @@ from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import ConfigError, ExistingRunError, reproduce, run_experiment
 from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
-from hopfield.training import DiskFullError, leave_process_group, process_layout
+from hopfield.training import (
+    FULL_DISK_ERRORS,
+    DiskFullError,
+    leave_process_group,
+    process_layout,
+)
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
@@ -448,13 +453,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args, argv)
     except (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError) as error:
         _exit(USAGE_ERROR, args.command, str(error))
-    except DiskFullError as error:  # the run so far is kept; the line names the file
-        _exit(DISK_FULL, args.command, str(error))
     except ImportError as error:
         missing = missing_extra(error)
         if missing is None:
             raise
         _exit(USAGE_ERROR, args.command, _missing_extra_line(args, *missing))
+    except OSError as error:  # a full disk: the run so far is kept; the line names the file
+        if error.errno not in FULL_DISK_ERRORS:
+            raise
+        line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
+        _exit(DISK_FULL, args.command, line)
     except KeyboardInterrupt as stop:
         folder = _stopped_in(args, stop)
         if folder is None:

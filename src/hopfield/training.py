@@ -89,6 +89,7 @@ from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "FULL_DISK_ERRORS",
     "OPTIMIZERS",
     "SCHEDULES",
     "BatchOrder",
@@ -520,8 +521,12 @@ class DiskFullError(OSError):
     """No space was left on the device to write a file of a run; the message names the file
     (one line), and the temporary file of the write is removed."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+#: The ``errno`` values of a full disk (no space left, disk quota exceeded).
+FULL_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextmanager
@@ -537,7 +542,7 @@ def writing(target: Path, *temporaries: Path) -> Iterator[None]:
                 shutil.rmtree(temporary, ignore_errors=True)
             else:
                 temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno in _FULL:
+        if isinstance(error, OSError) and error.errno in FULL_DISK_ERRORS:
             raise DiskFullError(
                 error.errno,
                 f"no space left on the device to write {target}; free some space and run "
