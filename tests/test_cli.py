@@ -332,3 +332,30 @@ def test_a_full_disk_is_one_line(
     line = _full_disk_line(demo, capsys)  # a write of no guarded writer: still one line
     assert line.startswith("hopfield run: no space left: [Errno 28] No space left on device: ")
     assert "retrieval_demo.png" in line
+
+
+def test_a_run_that_fills_the_disk_reports_its_own_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registered: Any
+) -> None:
+    """When the disk is full, recording the failed sitting fails too; the error that goes on
+    names the file the run could not write, not the sittings file."""
+    real = Path.write_text
+    full = {"now": False}
+
+    def write_text(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        if full["now"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text, *args, **kwargs)
+
+    def fills_the_disk(config: Any, ctx: RunContext) -> Results:
+        full["now"] = True
+        raise OSError(errno.ENOSPC, "No space left on device", "weights.bin")
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    registered("test-full", fills_the_disk)
+    with pytest.raises(OSError, match=r"weights\.bin"):
+        run_experiment("test-full", "tiny", tmp_path, progress=False)
+    full["now"] = False
+    kept = json.loads((tmp_path / "test-full" / "sittings.json").read_text())
+    assert [s["outcome"] for s in kept["sittings"]] == ["running"]  # read back as killed
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -25,7 +25,7 @@ from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext, _json_default
-from hopfield.training import process_layout
+from hopfield.training import FULL_DISK_ERRORS, DiskFullError, process_layout
 
 RESULTS_FILE = "results.json"
 #: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
@@ -423,7 +423,14 @@ def run_experiment(
             _put_back(unfinished, before)
         raise
     except (KeyboardInterrupt, Exception) as stop:
-        keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
+        try:
+            keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
+        except DiskFullError:
+            if not (isinstance(stop, OSError) and stop.errno in FULL_DISK_ERRORS):
+                raise
+            # the disk is still full: the sitting stays "running" (read back as killed), and
+            # the error that names the file the run could not write goes on
+
         if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
             raise RunInterrupted(context.out_dir) from stop
         raise
