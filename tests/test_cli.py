@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +153,83 @@ def test_a_failed_sitting_is_kept_and_a_refused_run_leaves_none(
     assert not (tmp_path / "bad" / "retrieval-demo" / "sittings.json").exists()
 
 
+def test_a_refused_sitting_leaves_the_sittings_as_they_were(
+    tmp_path: Path, registered: Any
+) -> None:
+    """A sitting is recorded when it starts; one refused for missing data is taken back."""
+    calls: list[int] = []
+
+    def fails_then_lacks_data(config: Any, ctx: RunContext) -> Results:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the run broke")
+        raise DataNotFoundError("no such dataset")
+
+    registered("test-refused", fails_then_lacks_data)
+    with pytest.raises(RuntimeError):
+        run_experiment("test-refused", "tiny", tmp_path, progress=False)
+    sittings = tmp_path / "test-refused" / "sittings.json"
+    kept = sittings.read_text()
+    with pytest.raises(DataNotFoundError):
+        run_experiment("test-refused", "tiny", tmp_path, progress=False)
+    assert sittings.read_text() == kept  # the failed sitting only, no refused one
+    with pytest.raises(DataNotFoundError):
+        run_experiment("test-refused", "tiny", tmp_path / "fresh", progress=False)
+    assert not (tmp_path / "fresh" / "test-refused" / "sittings.json").exists()
+
+
+_SLOW_RUN = """
+import sys, time
+from pathlib import Path
+from hopfield.cli import main
+from hopfield.experiments.registry import Experiment, register
+from stubs import StubConfig
+
+def slow(config, ctx):
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "started").touch()
+    time.sleep(60)
+
+register(Experiment("test-slow", "test", {p: StubConfig() for p in ("tiny", "small", "paper")}, slow))
+main(["run", "test-slow", "--preset", "tiny", "--out", sys.argv[1], "--no-progress"])
+"""
+
+
+def _signalled_run(out: Path, signum: int) -> tuple[int, list[dict[str, Any]]]:
+    """Start a run of a slow experiment in a subprocess, send it ``signum`` once it works, and
+    return its exit status and the sittings its folder keeps."""
+    import hopfield
+
+    paths = [str(Path(hopfield.__file__).parents[1]), str(Path(__file__).parent)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    started = out / "test-slow" / "started"
+    started.unlink(missing_ok=True)
+    process = subprocess.Popen([sys.executable, "-c", _SLOW_RUN, str(out)], env=env)
+    deadline = time.monotonic() + 60
+    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signum)
+    status = process.wait(timeout=60)
+    kept = json.loads((out / "test-slow" / "sittings.json").read_text())
+    return status, kept["sittings"]
+
+
+def test_a_terminated_or_killed_sitting_is_kept(tmp_path: Path, registered: Any) -> None:
+    status, sittings = _signalled_run(tmp_path, signal.SIGTERM)
+    assert status == 130  # stopped like Ctrl-C: the same command resumes
+    assert [s["outcome"] for s in sittings] == ["stopped"] and sittings[0]["wall_time_s"] > 0
+    status, sittings = _signalled_run(tmp_path, signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    assert [s["outcome"] for s in sittings] == ["stopped", "running"]
+    # the next sitting finishes the run; the killed one is kept, its times unknown
+    registered("test-slow", lambda config, ctx: Results(notes=["done"]))
+    record = json.loads(run_experiment("test-slow", "tiny", tmp_path, progress=False).read_text())
+    assert [s["outcome"] for s in record["sittings"]] == ["stopped", "killed", "finished"]
+    assert record["sittings"][1]["wall_time_s"] is None
+    known = [record["sittings"][i]["wall_time_s"] for i in (0, 2)]
+    assert record["wall_time_s"] == pytest.approx(sum(known))
+
+
 def test_tables_and_statistics() -> None:
     with pytest.raises(ValueError, match="row 0 has 1 cells, expected 2"):
         Table("t", ["a", "b"], [[1]])
@@ -211,3 +294,69 @@ def test_mixed_precision_applies_to_every_training_run(tmp_path: Path) -> None:
     for path in checkpoints:
         state = torch.load(path, map_location="cpu", weights_only=False)
         assert state["config"]["mixed_precision"] == "bf16"
+
+
+def _full_disk_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err.strip()
+
+
+def test_a_full_disk_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = ["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]
+    real = Path.write_text
+
+    def full(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        if path.suffix != ".tmp":
+            return real(path, text, *args, **kwargs)
+        real(path, text[:10])  # half written when the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "write_text", full)
+        line = _full_disk_line(demo, capsys)
+    assert line.startswith("hopfield run: no space left on the device to write ")
+    assert "sittings.json; free some space and run again" in line
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    import matplotlib.figure
+
+    def no_room(figure: Any, name: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(name))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", no_room)
+    line = _full_disk_line(demo, capsys)  # a write of no guarded writer: still one line
+    assert line.startswith("hopfield run: no space left: [Errno 28] No space left on device: ")
+    assert "retrieval_demo.png" in line
+
+
+def test_a_run_that_fills_the_disk_reports_its_own_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registered: Any
+) -> None:
+    """When the disk is full, recording the failed sitting fails too; the error that goes on
+    names the file the run could not write, not the sittings file."""
+    real = Path.write_text
+    full = {"now": False}
+
+    def write_text(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        if full["now"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text, *args, **kwargs)
+
+    def fills_the_disk(config: Any, ctx: RunContext) -> Results:
+        full["now"] = True
+        raise OSError(errno.ENOSPC, "No space left on device", "weights.bin")
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    registered("test-full", fills_the_disk)
+    with pytest.raises(OSError, match=r"weights\.bin"):
+        run_experiment("test-full", "tiny", tmp_path, progress=False)
+    full["now"] = False
+    kept = json.loads((tmp_path / "test-full" / "sittings.json").read_text())
+    assert [s["outcome"] for s in kept["sittings"]] == ["running"]  # read back as killed
+    assert not list(tmp_path.rglob("*.tmp"))

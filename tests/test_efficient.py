@@ -276,6 +276,19 @@ def test_random_mask_force_keeps_the_target(mask) -> None:
         support_of(RandomMask(3, force=torch.full((30,), 30)), q, k, v)
 
 
+def test_random_mask_force_of_a_wrong_shape_is_named() -> None:
+    """A 4-D force crashed in ``expand``; a shape not broadcastable to (B, H, L) did too."""
+    q, k, v = patterns(b=2, h=1, length=30, size=30)
+    with pytest.raises(
+        ValueError, match=r"force must be broadcastable .* got shape \(1, 1, 1, 30\)"
+    ):
+        RandomMask(3, force=torch.zeros(1, 1, 1, 30, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"= \(2, 1, 30\), got shape \(3, 30\)"):
+        support_of(RandomMask(3, force=torch.zeros(3, 30, dtype=torch.long)), q, k, v)
+    with pytest.raises(TypeError, match="force must be an integer Tensor"):
+        RandomMask(3, force=torch.ones(30, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("n,count", [(12, 3), (12, 11), (5, 5)])
 def test_floyd_sample_is_exact_and_uniform(n: int, count: int) -> None:
     rows = 20000

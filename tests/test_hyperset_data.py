@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +100,36 @@ def test_csv_and_satnet_loaders(tmp_path: Path) -> None:
         load_sudoku_dataset("rrn-hard", "train", tmp_path)
     with pytest.raises(ValueError, match="name"):
         load_sudoku_dataset("kaggle")
+
+
+def test_a_damaged_or_foreign_cache_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+    """A truncated cache raised BadZipFile on every call and one of the wrong shape gave wrong
+    boards; every damaged cache is now rebuilt once, with a warning naming it."""
+    puzzles, solutions = generate_puzzles(3, 5, 34, 40)
+    cached_puzzles(3, 5, 34, 40, tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    truncated = path.read_bytes()[: path.stat().st_size // 2]
+    broken = solutions.copy()
+    broken[0, 0] = broken[0, 1]
+    other = generate_puzzles(3, 6, 34, 40)
+
+    def truncate() -> None:
+        path.write_bytes(truncated)
+
+    def save(p: np.ndarray, s: np.ndarray) -> Callable[[], None]:
+        return lambda: np.savez_compressed(path, puzzles=p, solutions=s)
+
+    damages = [
+        ("cannot be read", truncate),
+        (r"expected two \(k, 81\)", save(puzzles[:, :80], solutions[:, :80])),
+        ("no valid grid", save(np.zeros_like(broken), broken)),
+        ("another stream", save(*other)),
+    ]
+    for reason, damage in damages:
+        damage()
+        with pytest.warns(UserWarning, match=f"sudoku cache {re.escape(str(path))}.*{reason}"):
+            got = cached_puzzles(3, 5, 34, 40, tmp_path)
+        assert np.array_equal(got[0], puzzles) and np.array_equal(got[1], solutions)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # rebuilt: the next call reads it without a warning
+            assert np.array_equal(cached_puzzles(3, 5, 34, 40, tmp_path)[0], puzzles)

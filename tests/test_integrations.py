@@ -143,6 +143,16 @@ def test_variants_registered_and_build() -> None:
         assert torch.isfinite(logits(model, inputs("opt"))).all()
 
 
+def test_an_unknown_variant_lists_ours_and_transformers() -> None:
+    """transformers' own error listed only its implementations, none of our variants."""
+    with pytest.raises(ValueError, match="variant must be a hopfield variant") as error:
+        build_model("bert", "flash", num_hidden_layers=1)
+    message = str(error.value)
+    assert "softmax1" in message and "sdpa" in message and "eager" in message
+    assert message.endswith("got 'flash'")
+    assert build_model("bert", "eager", num_hidden_layers=1).config._attn_implementation == "eager"
+
+
 # --- equivalence with reference / default attention -------------------------------------
 
 

@@ -99,3 +99,26 @@ def test_the_python_function_refuses_only_when_asked(tmp_path: Path) -> None:
         run_experiment("retrieval-demo", "tiny", tmp_path, seed=5, progress=False, overwrite=False)
     path = run_experiment("retrieval-demo", "tiny", tmp_path, seed=5, progress=False)
     assert load_record(path)["overrides"] == {"seed": 5}
+
+
+def test_until_epoch_is_a_limit_and_the_next_run_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set until_epoch=N`` stops a sitting, as ``--max-steps`` does: the same command
+    without it continues the run (no refusal, no ``--overwrite``, no restart)."""
+    run = ["run", "convergence", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]
+    small = ["--set", 'models=["dense"]', "--set", "train_size=128", "--set", "test_size=64"]
+    assert main([*run, *small, "--set", "until_epoch=1"]) == 0
+    curves = tmp_path / "convergence" / "curves.json"
+    (first,) = json.loads(curves.read_text())["digits"]["dense"]
+    assert len(first["test_accuracy"]) == 1 and not first["finished"]
+    capsys.readouterr()
+    assert main([*run, *small]) == 0
+    assert "replacing" not in capsys.readouterr().err
+    (second,) = json.loads(curves.read_text())["digits"]["dense"]
+    assert second["finished"] and second["test_accuracy"][0] == first["test_accuracy"][0]
+    assert len(second["test_accuracy"]) == 2
+    notes = load_record(tmp_path / "convergence" / "results.json")["results"]["notes"]
+    assert not any("trained from scratch" in n for n in notes)
+    sittings = load_record(tmp_path / "convergence" / "results.json")["sittings"]
+    assert [s["outcome"] for s in sittings] == ["finished", "finished"]

@@ -251,3 +251,18 @@ def test_bad_input_is_refused_with_the_argument_named() -> None:
     memory = nonparametric_dense(keys, values, 1.0)
     with pytest.raises(ValueError, match="x"):
         memory(torch.zeros(2, 4, dtype=DTYPE))
+
+
+def test_non_finite_memories_or_gram_are_refused() -> None:
+    """NaN keys used to give all-zero coefficients after one sweep (``kkt_violation=nan``)."""
+    keys, values = memories(7, 6, 3)
+    nan_keys = keys.clone()
+    nan_keys[2, 1] = math.nan
+    with pytest.raises(ValueError, match="keys must be finite, got NaN or inf in row 2"):
+        fit_svr(nan_keys, values, linear_kernel)
+    inf_values = values.clone()
+    inf_values[4, 0] = math.inf
+    with pytest.raises(ValueError, match=r"targets must be finite.*row 4"):
+        fit_svr(keys, inf_values, linear_kernel)
+    with pytest.raises(ValueError, match="kernel: the Gram matrix"):
+        fit_svr(keys, values, ExponentialKernel(1e4))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,24 @@ def test_read_csv_drops_date_and_keeps_order(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="date"):
         read_series_csv(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("date,a,b\n", "no data rows below the header"),
+        ("date,a,b\n2016-07-01,1,2\n2016-07-02,nan,3\n", "column 'a' in data row 2 is nan"),
+        ("date,a,b\n2016-07-01,1,inf\n", "column 'b' in data row 1 is inf"),
+        ("date,a,b\n2016-07-01,1,x\n", "could not convert"),
+        ("date,a,b\n2016-07-01,1\n", ""),
+    ],
+)
+def test_a_bad_csv_is_refused_naming_the_file(tmp_path: Path, text: str, reason: str) -> None:
+    """Header-only files and NaN/inf values were accepted, parse errors did not name the file."""
+    path = tmp_path / "series.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: .*{reason}"):
+        read_series_csv(path)
 
 
 def test_split_sizes_protocols() -> None:

@@ -35,6 +35,7 @@ from hopfield.experiments.forecasting_common import (
     train_forecaster,
 )
 from hopfield.experiments.results import RunContext
+from hopfield.training import latest_checkpoint
 
 
 class Flat(nn.Module):
@@ -203,8 +204,9 @@ def test_early_stopping_restores_the_best_epoch(tmp_path: Path) -> None:
     val = [h["val_mse"] for h in fit.history]
     assert val == sorted(val) and len(set(val)) == 3
     assert (fit.best_epoch, fit.epochs_run, fit.stopped_early, fit.finished) == (1, 3, True, True)
-    (checkpoint,) = (tmp_path / "run" / "checkpoints").iterdir()
-    saved = torch.load(checkpoint / "trainer.pt", weights_only=False)
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert kept == ["step-12", "step-18"]  # the newest and the one before (the fallback)
+    saved = torch.load(latest_checkpoint(tmp_path / "run") / "trainer.pt", weights_only=False)
     last, best = saved["model"]["offset"], saved["best_state"]["offset"]
     assert float(model.offset.detach()) == float(best) != float(last)
     assert evaluate(model, splits.val, recipe.eval_batch)["mse"] == pytest.approx(val[0])

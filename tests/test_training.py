@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ pytest.importorskip("accelerate")
 
 from hopfield.training import (
     BatchOrder,
+    DiskFullError,
     MaxAbsMonitor,
     Trainer,
     TrainingConfig,
@@ -434,3 +437,81 @@ def test_leave_process_group_does_nothing_in_one_process() -> None:
     # a single process has no group to leave, and must not be ended (os._exit) by the call
     assert not torch.distributed.is_initialized()
     assert leave_process_group(exit_status=3) is None
+
+
+def _cut_at_step_6(out: Path) -> Path:
+    """A run stopped after step 6; returns its newest checkpoint (step 3 is kept beside it)."""
+    trainer(out).fit(until_step=6)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    return out / "checkpoints" / "step-6"
+
+
+@pytest.mark.parametrize("damage", ["half trainer.pt", "empty rng"])
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path: Path, damage: str) -> None:
+    reference = trainer(tmp_path / "full").fit()
+    newest = _cut_at_step_6(tmp_path / "cut")
+    bad = newest / ("trainer.pt" if damage == "half trainer.pt" else "rng-0.pt")
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2] if "half" in damage else b"")
+    with pytest.raises(ValueError, match=re.escape(f"damaged checkpoint {bad}")):
+        trainer(tmp_path / "cut").load_checkpoint(newest)
+    with pytest.warns(UserWarning, match=re.escape(f"damaged checkpoint {bad}")) as caught:
+        result = trainer(tmp_path / "cut").fit()
+    assert len(caught) == 1
+    assert result.resumed_from == 3 and result.finished
+    assert json.dumps(result.log) == json.dumps(reference.log)
+
+
+def test_no_readable_checkpoint_starts_over(tmp_path: Path) -> None:
+    reference = trainer(tmp_path / "full").fit()
+    newest = _cut_at_step_6(tmp_path / "cut")
+    for folder in (newest, newest.parent / "step-3"):
+        (folder / "trainer.pt").write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="damaged checkpoint") as caught:
+        result = trainer(tmp_path / "cut").fit()
+    assert len(caught) == 2
+    assert result.resumed_from is None and result.finished
+    assert json.dumps(result.log) == json.dumps(reference.log)
+
+
+def test_a_checkpoint_of_another_step_is_not_trusted(tmp_path: Path) -> None:
+    newest = _cut_at_step_6(tmp_path / "cut")
+    older = newest.parent / "step-3" / "trainer.pt"
+    (newest / "trainer.pt").write_bytes(older.read_bytes())
+    with pytest.warns(UserWarning, match="holds step 3, not 6"):
+        assert trainer(tmp_path / "cut").fit().resumed_from == 3
+
+
+def _no_space(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = trainer(tmp_path, max_steps=8, checkpoint_every=3)
+    run.fit(until_step=3)
+    real_save = torch.save
+
+    def save_until_full(obj: Any, file: Any) -> None:
+        real_save(obj, file)
+        file.flush()
+        _no_space()
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    with pytest.raises(DiskFullError, match=r"no space left on the device to write .*step-6"):
+        trainer(tmp_path, max_steps=8, checkpoint_every=3).fit()
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step-3"]  # the earlier checkpoint is kept, no tmp-step-6 folder
+    monkeypatch.setattr(Path, "write_text", _no_space)
+    with pytest.raises(DiskFullError, match=r"log\.jsonl"):
+        run._write_log()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_betas_and_eps_are_checked() -> None:
+    for betas in [(1.5, 0.9), (0.9, 1.0), (-0.1, 0.9), (0.9,), "ab"]:
+        with pytest.raises(ValueError, match="betas must be two numbers in"):
+            config(betas=betas)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        config(eps=0.0)
+    assert config(betas=[0, 0.5]).betas == (0.0, 0.5)

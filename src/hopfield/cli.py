@@ -6,7 +6,8 @@ before it reads data or trains), a missing dataset or results folder, an output 
 finished run of other settings without ``--overwrite``) is one line on stderr and
 exit status 2, as argparse's own errors; so is a command that needs a package of an extra the
 install lacks (the line names the extra: ``pip install "hopfield[experiments]"``); Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
-command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
+command resumes it) and exits with 130; a full disk is one line naming the file that could not be
+written (exit status 1). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, all_experiments, get
 from hopfield.experiments.runner import ConfigError, ExistingRunError, reproduce, run_experiment
 from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
-from hopfield.training import leave_process_group, process_layout
+from hopfield.training import (
+    FULL_DISK_ERRORS,
+    DiskFullError,
+    leave_process_group,
+    process_layout,
+)
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+DISK_FULL = 1
 
 #: Optional packages the commands import, as ``{module: (pip name, extra that installs it)}``;
 #: a command that imports one the install lacks names the extra in its one-line error.
@@ -451,6 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing is None:
             raise
         _exit(USAGE_ERROR, args.command, _missing_extra_line(args, *missing))
+    except OSError as error:  # a full disk: the run so far is kept; the line names the file
+        if error.errno not in FULL_DISK_ERRORS:
+            raise
+        line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
+        _exit(DISK_FULL, args.command, line)
     except KeyboardInterrupt as stop:
         folder = _stopped_in(args, stop)
         if folder is None:

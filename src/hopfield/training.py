@@ -30,7 +30,11 @@ scalar``:
   optimiser, schedule, loss scaler, the running log sums and every process's RNG states
   (Python, NumPy, torch, CUDA). :meth:`Trainer.fit` resumes from the newest one: a run stopped
   after a checkpoint and resumed ends with **bitwise** the weights and the log of an uninterrupted
-  run (on the same hardware and process count; the tests check this on CPU);
+  run (on the same hardware and process count; the tests check this on CPU). A checkpoint is
+  written to a temporary folder and renamed when complete; the two newest are kept (by default),
+  and one that cannot be read back is removed with a warning naming its file and the run resumes
+  from the one before (or starts over when none is left). A full disk raises
+  :class:`DiskFullError` (one line naming the file; no temporary file is left behind);
 * a **progress bar** (tqdm) and a **JSON-lines log** ``out_dir/log.jsonl``, one record every
   ``log_every`` steps: ``step``, ``epoch``, mean training ``loss`` since the previous record,
   ``lr``, ``grad_norm`` (before clipping), ``max_abs`` (``{module name: max |x|}`` of the outputs
@@ -62,6 +66,7 @@ different dropout and masks (process 0, and so a 1-process run, keeps the caller
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -70,8 +75,9 @@ import random
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,9 +89,11 @@ from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "FULL_DISK_ERRORS",
     "OPTIMIZERS",
     "SCHEDULES",
     "BatchOrder",
+    "DiskFullError",
     "MaxAbsMonitor",
     "TrainResult",
     "Trainer",
@@ -97,6 +105,7 @@ __all__ = [
     "process_layout",
     "read_log",
     "steps_per_epoch",
+    "writing",
 ]
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -138,7 +147,8 @@ class TrainingConfig:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
         seed: seed of the data order (the global RNGs are seeded by the caller).
         checkpoint_every: checkpoint period (steps or ``"epoch"``; ``0`` = only at the end).
-        keep_checkpoints: how many of the newest checkpoints to keep.
+        keep_checkpoints: how many of the newest checkpoints to keep (default 2: when the newest
+            is found damaged, the run resumes from the one before).
         log_every: log-record period (steps or ``"epoch"``); evaluation steps are logged too.
         eval_every: period of ``evaluate`` (steps or ``"epoch"``; ``0`` = only after the last
             step); its metrics go into that step's log record (``"eval"``).
@@ -173,7 +183,7 @@ class TrainingConfig:
     mixed_precision: str = "no"
     seed: int = 0
     checkpoint_every: Period = 0
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 2
     log_every: Period = 100
     eval_every: Period = 0
     select_metric: str | None = None
@@ -231,7 +241,20 @@ class TrainingConfig:
         }.items():
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {ratio}")
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        self.betas = _check_betas(self.betas)
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+
+
+def _check_betas(betas: Any) -> tuple[float, float]:
+    """``betas`` as two floats in ``[0, 1)`` (Adam's moment decays), else a ``ValueError``."""
+    try:
+        first, second = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}") from None
+    if not (0.0 <= first < 1.0 and 0.0 <= second < 1.0):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    return first, second
 
 
 def _check_int(name: str, value: Any, minimum: int, epoch: bool = False) -> None:
@@ -494,17 +517,96 @@ def leave_process_group(*, exit_status: int | None = None) -> None:
     os._exit(exit_status)
 
 
-def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint folder under ``out_dir/checkpoints`` (or ``None``)."""
+class DiskFullError(OSError):
+    """No space was left on the device to write a file of a run; the message names the file
+    (one line), and the temporary file of the write is removed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+#: The ``errno`` values of a full disk (no space left, disk quota exceeded).
+FULL_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextmanager
+def writing(target: Path, *temporaries: Path) -> Iterator[None]:
+    """Guard the write of ``target`` through ``temporaries`` (files or folders renamed into
+    place when complete): when the block raises, the temporaries are removed, and a full disk
+    (``ENOSPC``, ``EDQUOT``) becomes a :class:`DiskFullError` naming ``target``."""
+    try:
+        yield
+    except BaseException as error:
+        for temporary in temporaries:
+            if temporary.is_dir():
+                shutil.rmtree(temporary, ignore_errors=True)
+            else:
+                temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in FULL_DISK_ERRORS:
+            raise DiskFullError(
+                error.errno,
+                f"no space left on the device to write {target}; free some space and run "
+                "again (what the run wrote before is kept)",
+            ) from error
+        raise
+
+
+def _save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file, so that a failed write raises ``OSError`` with its
+    ``errno`` (a path given to ``torch.save`` fails with a bare ``RuntimeError``)."""
+    with open(path, "wb") as file:
+        torch.save(obj, file)
+
+
+def _checkpoint_folders(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint folders under ``out_dir/checkpoints`` that hold a ``trainer.pt``, newest
+    first."""
     root = Path(out_dir) / CHECKPOINT_DIR
     if not root.is_dir():
-        return None
+        return []
     found = []
     for child in root.iterdir():
         match = _STEP_DIR.fullmatch(child.name)
         if match and (child / "trainer.pt").is_file():
             found.append((int(match[1]), child))
-    return max(found)[1] if found else None
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint folder under ``out_dir/checkpoints`` (or ``None``)."""
+    folders = _checkpoint_folders(out_dir)
+    return folders[0] if folders else None
+
+
+class _DamagedCheckpoint(Exception):
+    """A checkpoint file that cannot be read back or does not hold what a checkpoint holds."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+_TRAINER_KEYS = frozenset(
+    {"step", "model", "optimizer", "scheduler", "scaler", "sums", "log", "config", "processes"}
+)
+_RNG_KEYS = frozenset({"python", "numpy", "torch"})
+
+
+def _load_part(path: Path, keys: frozenset[str]) -> dict[str, Any]:
+    """The dictionary saved in checkpoint file ``path``; :class:`_DamagedCheckpoint` when it
+    cannot be read (cut short, empty, not a checkpoint) or lacks one of ``keys``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as error:  # a damaged file fails in many ways (zip, pickle, EOF, OS)
+        raise _DamagedCheckpoint(path, f"{type(error).__name__}: {error}") from error
+    if not isinstance(state, dict):
+        raise _DamagedCheckpoint(path, f"holds a {type(state).__name__}, not a checkpoint")
+    missing = sorted(keys - set(state))
+    if missing:
+        raise _DamagedCheckpoint(path, f"lacks {', '.join(missing)}")
+    return state
 
 
 def read_log(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -668,9 +770,11 @@ class Trainer:
         tmp = root / f"tmp-step-{self.step}"
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            with writing(final, tmp):
+                tmp.mkdir(parents=True)
         acc.wait_for_everyone()
-        torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
+        with writing(final / f"rng-{acc.process_index}.pt", tmp):
+            _save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
         acc.wait_for_everyone()
         if acc.is_main_process:
             scaler = getattr(acc, "scaler", None)
@@ -687,9 +791,10 @@ class Trainer:
                 "config": asdict(self.config),
                 "processes": acc.num_processes,
             }
-            torch.save(state, tmp / "trainer.pt")
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            with writing(final / "trainer.pt", tmp):
+                _save(state, tmp / "trainer.pt")
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
             kept = sorted(
                 (int(m[1]), p)
                 for p in root.iterdir()
@@ -701,9 +806,30 @@ class Trainer:
         return final
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Restore the state saved in checkpoint folder ``path``."""
-        path = Path(path)
-        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        """Restore the state saved in checkpoint folder ``path``.
+
+        Raises ``ValueError`` naming the file when one of its files cannot be read back or is
+        no checkpoint of this trainer's, or when it was written by another process count or
+        precision; nothing is restored then."""
+        try:
+            state, rng = self._read_checkpoint(Path(path))
+        except _DamagedCheckpoint as damaged:
+            raise ValueError(f"damaged checkpoint {damaged}") from damaged
+        self._restore(state, rng)
+
+    def _read_checkpoint(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trainer state and this process's RNG states in checkpoint folder ``path``
+        (:class:`_DamagedCheckpoint` when a file is unreadable or not a checkpoint's)."""
+        state = _load_part(path / "trainer.pt", _TRAINER_KEYS)
+        match = _STEP_DIR.fullmatch(path.name)
+        if match is not None and state["step"] != int(match[1]):
+            raise _DamagedCheckpoint(
+                path / "trainer.pt", f"holds step {state['step']!r}, not {match[1]}"
+            )
+        rng = _load_part(path / f"rng-{self.accelerator.process_index}.pt", _RNG_KEYS)
+        return state, rng
+
+    def _restore(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
         if state["processes"] != self.accelerator.num_processes:
             raise ValueError(
                 f"path: checkpoint was written by {state['processes']} processes, this run has "
@@ -726,12 +852,34 @@ class Trainer:
         self._selection = dict(state.get("selection", self._selection))  # 0.1.0: none saved
         self._best_state = state.get("best_state")
         self.log = list(state["log"])
-        rng = torch.load(
-            path / f"rng-{self.accelerator.process_index}.pt",
-            map_location="cpu",
-            weights_only=False,
-        )
         _set_rng_state(rng)
+
+    def _resume(self) -> int | None:
+        """Restore the newest checkpoint that reads back whole (every process agrees on which)
+        and return its step; ``None`` when there is none. A damaged one is removed with a
+        warning naming its file, and the one before it is tried."""
+        acc = self.accelerator
+        for path in _checkpoint_folders(self.out_dir):
+            try:
+                state, rng = self._read_checkpoint(path)
+                damaged = None
+            except _DamagedCheckpoint as error:
+                damaged = error
+            failed = torch.tensor([float(damaged is not None)], dtype=torch.float64)
+            if acc.num_processes > 1:
+                failed = _all_reduce(failed, "max")  # also the barrier before the removal
+            if not failed.item():
+                self._restore(state, rng)
+                return self.step
+            if damaged is not None:
+                warnings.warn(
+                    f"damaged checkpoint {damaged}; removing {path} and resuming from the one "
+                    "before (or from the start when none is left)",
+                    stacklevel=3,
+                )
+            if acc.is_main_process:
+                shutil.rmtree(path, ignore_errors=True)
+        return None
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -746,8 +894,9 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             text = "".join(json.dumps(r) + "\n" for r in self.log)
             tmp = self.out_dir / (LOG_FILE + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.out_dir / LOG_FILE)
+            with writing(self.out_dir / LOG_FILE, tmp):
+                tmp.write_text(text)
+                os.replace(tmp, self.out_dir / LOG_FILE)
 
     def _evaluate(self) -> dict[str, float]:
         if self.evaluate is None:
@@ -843,8 +992,10 @@ class Trainer:
         """Train to the last step (or stop after ``until_step``), resuming if possible.
 
         Args:
-            resume: continue from the newest checkpoint in ``out_dir`` (if any); ``False``
-                deletes the log and checkpoints of an earlier run in ``out_dir`` and starts over.
+            resume: continue from the newest checkpoint in ``out_dir`` that reads back whole
+                (a damaged one is removed with a warning naming its file; none: start over);
+                ``False`` deletes the log and checkpoints of an earlier run in ``out_dir`` and
+                starts over.
             until_step: stop after this step (a checkpoint is written there), e.g. to split a
                 long run into several jobs.
 
@@ -855,11 +1006,8 @@ class Trainer:
         cfg, acc = self.config, self.accelerator
         limits = [self.total_steps, until_step, cfg.stop_after]
         end = min(x for x in limits if x is not None)
-        resumed_from = None
-        checkpoint = latest_checkpoint(self.out_dir) if resume else None
-        if checkpoint is not None:
-            self.load_checkpoint(checkpoint)
-            resumed_from = self.step
+        resumed_from = self._resume() if resume else None
+        if resumed_from is not None:
             self._write_log()
         else:
             _decorrelate_processes(acc.process_index)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -210,7 +212,11 @@ def cached_puzzles(
     max_givens: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`generate_puzzles` with an ``.npz`` cache that grows as more puzzles are asked for."""
+    """:func:`generate_puzzles` with an ``.npz`` cache that grows as more puzzles are asked for.
+
+    A cache file that cannot be read, or does not hold puzzles with valid solutions
+    (:func:`_read_cache`), is rebuilt with a warning naming it (the puzzles are a function of
+    the seed, so nothing is lost)."""
     if cache_dir is None:
         return generate_puzzles(n, seed, min_givens, max_givens)
     top = min_givens if max_givens is None else max_givens
@@ -218,8 +224,12 @@ def cached_puzzles(
     puzzles = np.zeros((0, 81), np.int8)
     solutions = np.zeros((0, 81), np.int8)
     if path.is_file():
-        with np.load(path) as data:
-            puzzles, solutions = data["puzzles"], data["solutions"]
+        try:
+            puzzles, solutions = _read_cache(
+                path, generate_puzzles(1, seed, min_givens, max_givens)
+            )
+        except ValueError as error:
+            warnings.warn(f"{error}; rebuilding it", stacklevel=2)
     if len(puzzles) < n:
         more_p, more_s = generate_puzzles(
             n - len(puzzles), seed, min_givens, max_givens, start=len(puzzles)
@@ -231,6 +241,42 @@ def cached_puzzles(
         np.savez_compressed(tmp, puzzles=puzzles, solutions=solutions)
         os.replace(tmp, path)
     return puzzles[:n], solutions[:n]
+
+
+def _read_cache(path: Path, first: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(puzzles, solutions)`` ``(k, 81)`` int8 of cache file ``path``; ``ValueError``
+    naming it when it cannot be read, does not hold valid grids whose givens the puzzles keep,
+    or does not start with ``first`` (puzzle 0 of its stream, ``(1, 81)`` each)."""
+    try:
+        with np.load(path) as data:
+            puzzles, solutions = data["puzzles"], data["solutions"]
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise ValueError(f"sudoku cache {path} cannot be read ({error})") from error
+    if (
+        puzzles.ndim != 2
+        or puzzles.shape[1:] != (81,)
+        or puzzles.shape != solutions.shape
+        or not np.issubdtype(puzzles.dtype, np.integer)
+        or not np.issubdtype(solutions.dtype, np.integer)
+    ):
+        raise ValueError(
+            f"sudoku cache {path} holds puzzles {puzzles.shape} {puzzles.dtype} and solutions "
+            f"{solutions.shape} {solutions.dtype}, expected two (k, 81) integer arrays"
+        )
+    grids = solutions.reshape(-1, 9, 9)
+    boxes = grids.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9)
+    digits = np.arange(1, 10)
+    valid = all(
+        (np.sort(units, axis=-1) == digits).all()
+        for units in (grids, grids.transpose(0, 2, 1), boxes)
+    )
+    if not valid or not ((puzzles == 0) | (puzzles == solutions)).all():
+        raise ValueError(f"sudoku cache {path} holds a solution that is no valid grid or puzzle")
+    if len(puzzles) and not (
+        np.array_equal(puzzles[:1], first[0]) and np.array_equal(solutions[:1], first[1])
+    ):
+        raise ValueError(f"sudoku cache {path} holds puzzles of another stream")
+    return puzzles.astype(np.int8), solutions.astype(np.int8)
 
 
 def _parse_board(text: str, name: str) -> list[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,15 +133,38 @@ def read_series_csv(path: str | os.PathLike[str]) -> tuple[np.ndarray, list[str]
 
     Returns:
         ``(values (N, C) float64, column names (C,))``; the date column is dropped.
+
+    Raises:
+        ValueError: naming the file, when it is no such CSV: no ``date`` header, no data row, a
+            value that is no number, or a value that is NaN or infinite (a gap in the series).
     """
     path = Path(path)
-    with path.open() as handle:
-        header = handle.readline().strip().split(",")
-    if len(header) < 2 or header[0].strip().lower() != "date":
-        raise ValueError(f"{path}: expected a header starting with 'date', got {header[:3]}")
-    values = np.loadtxt(
-        path, delimiter=",", skiprows=1, usecols=range(1, len(header)), dtype=np.float64, ndmin=2
-    )
+    try:
+        with path.open() as handle:
+            header = handle.readline().strip().split(",")
+        if len(header) < 2 or header[0].strip().lower() != "date":
+            raise ValueError(f"expected a header starting with 'date', got {header[:3]}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "no data": refused below
+            values = np.loadtxt(
+                path,
+                delimiter=",",
+                skiprows=1,
+                usecols=range(1, len(header)),
+                dtype=np.float64,
+                ndmin=2,
+            )
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: {error}") from error
+    if values.shape[0] == 0:
+        raise ValueError(f"{path}: no data rows below the header")
+    bad = np.argwhere(~np.isfinite(values))
+    if len(bad):
+        row, column = bad[0]
+        raise ValueError(
+            f"{path}: the value of column {header[column + 1].strip()!r} in data row {row + 1} is "
+            f"{values[row, column]}, not a finite number"
+        )
     return values, [c.strip() for c in header[1:]]
 
 

@@ -16,7 +16,8 @@ which a model reaches 95 % of the best final accuracy of all models.
 
 Training uses :class:`hopfield.training.Trainer` (one run folder per dataset, model and seed
 below ``out_dir/runs``) with a checkpoint at the end of every epoch: a stopped run continues from
-its last finished epoch, and ``until_epoch`` splits a long run into several invocations. A run
+its last finished epoch, and ``until_epoch`` splits a long run into several invocations (it is no
+setting of the run: the next invocation, without it or with a larger one, continues). A run
 folder's ``settings.json`` records what defines its run (settings, data); a folder whose record
 differs starts over. ``batch_size`` is the global batch (images per optimiser step over all
 processes); under ``torchrun`` every process trains on its share of each batch and evaluates the
@@ -92,8 +93,10 @@ class Config:
         epochs, batch_size, lr, schedule: training (Adam, i.e. no weight decay; the schedule of
             :mod:`hopfield.training` without warm-up); the incomplete last batch is dropped.
         patch_size, embed_dim, num_heads, mlp_dim, depth, dropout: the ViT.
-        until_epoch: stop every run after this epoch (0 = train to ``epochs``); run again to
-            continue from the checkpoints.
+        until_epoch: stop every run after this epoch (0 = train to ``epochs``). It only limits
+            the sitting (as ``--max-steps`` does) and is no setting of the run: the same command
+            with a larger ``until_epoch`` or without it continues every run from its checkpoint
+            (no ``--overwrite`` needed; ``--overwrite`` is for other settings).
     """
 
     seed: int = 0
@@ -596,7 +599,8 @@ def run(config: Config, ctx: RunContext) -> Results:
             notes.append(
                 f"{dataset}/{key}/seed {seed}: stopped after step {result['steps']} (epoch "
                 f"{len(result['test_accuracy'])} of {config.epochs}; until_epoch or hopfield run "
-                "--max-steps); run again to continue from the checkpoint."
+                "--max-steps); the same command without them (or with larger ones) continues "
+                "from the checkpoint."
             )
         curves.setdefault(dataset, {}).setdefault(key, []).append(result)
         images = data.train[0]

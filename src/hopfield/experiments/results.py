@@ -158,12 +158,16 @@ class RunContext:
     def save_json(self, name: str, data: Any) -> Path:
         """Write ``data`` as JSON atomically (a stopped run never leaves half a file); only the
         main process writes. Returns the path."""
+        from hopfield.training import writing
+
         target = self.path(name)
         if self.is_main_process:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_suffix(f"{target.suffix}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=2, default=_json_default))
-            os.replace(tmp, target)
+            text = json.dumps(data, indent=2, default=_json_default)
+            with writing(target, tmp):  # a full disk: DiskFullError, and no temporary left
+                tmp.write_text(text)
+                os.replace(tmp, target)
         return target
 
     def save_figure(self, figure: Any, name: str, dpi: int = 120) -> str:

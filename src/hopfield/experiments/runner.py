@@ -6,8 +6,12 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,11 +26,13 @@ from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.provenance import code_version
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext, _json_default
-from hopfield.training import process_layout
+from hopfield.training import FULL_DISK_ERRORS, DiskFullError, process_layout
 
 RESULTS_FILE = "results.json"
-#: Beside an unfinished run: the sittings it has had so far (each stopped or failed sitting adds
-#: one); the finished record carries the list and the totals instead.
+#: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
+#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C, SIGTERM) or ``"failed"`` when it ends so;
+#: one still ``"running"`` there was killed and reads back as ``"killed"``); the finished record
+#: carries the list and the totals instead.
 SITTINGS_FILE = "sittings.json"
 
 
@@ -177,13 +183,21 @@ def overrides_of(experiment: Experiment, preset: str, config: Any) -> dict[str, 
     return {key: value for key, value in now.items() if base.get(key) != value}
 
 
+#: Configuration fields that only say where a sitting stops, as ``--max-steps`` does: a run
+#: that differs in them is the same run, and the next sitting continues it from its checkpoints.
+LIMIT_FIELDS = frozenset({"until_epoch"})
+
+
 def _settings(record: dict[str, Any]) -> dict[str, Any]:
     """What makes a run's numbers: preset, configuration, precision and stand-in data (not
-    ``--max-steps``: a run cut by it continues under the same settings without it, nor the
-    micro-batch size, which keeps the recipe)."""
+    ``--max-steps`` or a field of :data:`LIMIT_FIELDS`: a run cut by one continues under the
+    same settings without it, nor the micro-batch size, which keeps the recipe)."""
+    config = record.get("config")
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in LIMIT_FIELDS}
     return {
         "preset": record.get("preset"),
-        "config": record.get("config"),
+        "config": config,
         "mixed_precision": record.get("mixed_precision"),
         "stand_in_data": (record.get("limits") or {}).get("stand_in_data", False),
     }
@@ -255,8 +269,8 @@ def earlier_sittings(folder: Path, planned: dict[str, Any]) -> list[dict[str, An
     try:
         kept = json.loads(unfinished.read_text())
         if isinstance(kept, dict) and {k: kept.get(k) for k in now} == now:
-            return list(kept["sittings"])
-    except (OSError, ValueError, KeyError):
+            return [_ended(s) for s in kept["sittings"]]
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
         old = load_record(folder / RESULTS_FILE)
@@ -266,6 +280,47 @@ def earlier_sittings(folder: Path, planned: dict[str, Any]) -> list[dict[str, An
         return []
     keys = ("started_at", "wall_time_s", "cpu_time_s")
     return list(old.get("sittings") or [{**{k: old.get(k) for k in keys}, "outcome": "finished"}])
+
+
+def _ended(sitting: dict[str, Any]) -> dict[str, Any]:
+    """A sitting read back from :data:`SITTINGS_FILE`: one still ``"running"`` there was ended by
+    a signal that left it no time to record (SIGKILL, a power cut): ``"killed"``, its times
+    unknown (``None``)."""
+    if sitting.get("outcome") != "running":
+        return sitting
+    return {**sitting, "wall_time_s": None, "cpu_time_s": None, "outcome": "killed"}
+
+
+def _total(sittings: list[dict[str, Any]], key: str) -> float:
+    """The sum of ``key`` over the sittings whose time is known."""
+    return sum(s[key] for s in sittings if s.get(key) is not None)
+
+
+def _put_back(unfinished: Path, before: str | None) -> None:
+    """Undo a refused sitting's record: the sittings file as it was (``before``; ``None``: there
+    was none)."""
+    if before is None:
+        unfinished.unlink(missing_ok=True)
+    else:
+        unfinished.write_text(before)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's or ``kill``'s stop) raises ``KeyboardInterrupt`` in the main thread
+    while the block runs, so that the sitting is recorded as stopped, as for Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_experiment(
@@ -289,7 +344,10 @@ def run_experiment(
     versions, the code that ran (``code``: git commit and whether the source tree differed from
     it, :func:`~hopfield.experiments.provenance.code_version`), wall time and CPU time (of this process; on a busy machine the wall time
     grows and the CPU time does not), the number of processes that ran it, the run limits and the
-    :class:`Results` (tables, metrics, figures).
+    :class:`Results` (tables, metrics, figures). Both times are sums over the run's sittings
+    (:data:`SITTINGS_FILE`): this one is recorded there as ``"running"`` when it starts and as
+    ``"stopped"`` (Ctrl-C, or SIGTERM, which raises :class:`RunInterrupted` as Ctrl-C does) or
+    ``"failed"`` when it ends so.
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
@@ -352,14 +410,29 @@ def run_experiment(
             "outcome": outcome,
         }
 
-    try:
-        results = experiment.run(config, context)
-    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
-        raise
-    except (KeyboardInterrupt, Exception) as stop:
-        outcome = "stopped" if isinstance(stop, KeyboardInterrupt) else "failed"
+    def keep(outcome: str) -> None:
         kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
         context.save_json(SITTINGS_FILE, kept)
+
+    unfinished = context.path(SITTINGS_FILE)
+    before = unfinished.read_text() if unfinished.is_file() else None
+    keep("running")  # what a killed sitting leaves (a stopped or failed one says so below)
+    try:
+        with _terminate_as_interrupt():
+            results = experiment.run(config, context)
+    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
+        if context.is_main_process:
+            _put_back(unfinished, before)
+        raise
+    except (KeyboardInterrupt, Exception) as stop:
+        try:
+            keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
+        except DiskFullError:
+            if not (isinstance(stop, OSError) and stop.errno in FULL_DISK_ERRORS):
+                raise
+            # the disk is still full: the sitting stays "running" (read back as killed), and
+            # the error that names the file the run could not write goes on
+
         if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
             raise RunInterrupted(context.out_dir) from stop
         raise
@@ -377,8 +450,8 @@ def run_experiment(
         "code": code_version(),
         "started_at": sittings[0]["started_at"],
         # Over every sitting; CPU time of the main process, all its threads.
-        "wall_time_s": sum(s["wall_time_s"] for s in sittings),
-        "cpu_time_s": sum(s["cpu_time_s"] for s in sittings),
+        "wall_time_s": _total(sittings, "wall_time_s"),
+        "cpu_time_s": _total(sittings, "cpu_time_s"),
         "sittings": sittings,
         "processes": context.processes,
         "mixed_precision": mixed_precision,

@@ -1227,8 +1227,18 @@ class RandomMask(_GatheredStructure):
             raise ValueError(
                 f"eval_sampling must be 'fixed', 'resample' or 'dense', got {eval_sampling!r}"
             )
-        if force is not None and (not isinstance(force, Tensor) or force.is_floating_point()):
+        if force is not None and (
+            not isinstance(force, Tensor)
+            or force.is_floating_point()
+            or force.is_complex()
+            or force.dtype == torch.bool
+        ):
             raise TypeError("force must be an integer Tensor of key indices or None")
+        if force is not None and force.dim() > 3:
+            raise ValueError(
+                f"force must be broadcastable to (B, H, L) (at most 3 dims), got shape "
+                f"{tuple(force.shape)}"
+            )
         self.seed = seed
         self.generator = generator
         self.force = force
@@ -1374,6 +1384,12 @@ class RandomMask(_GatheredStructure):
             return None
         force = self.force.to(device=device, dtype=torch.int64)
         force = force.reshape((1,) * (3 - force.dim()) + tuple(force.shape))
+        want = (batch, heads, length)
+        if any(have not in (1, size) for have, size in zip(force.shape, want, strict=True)):
+            raise ValueError(
+                f"force must be broadcastable to (B, H, L) = {want}, got shape "
+                f"{tuple(self.force.shape)}"
+            )
         if force.shape[-1] == length:
             force = force[..., start:stop]
         return force.expand(batch, heads, stop - start)

@@ -296,6 +296,11 @@ def fit_svr(
     gram = kernel(keys[support], keys[support])
     if gram.shape != (int(support.sum()),) * 2:
         raise ValueError(f"kernel must map (N, d), (P, d) to (N, P), got {tuple(gram.shape)}")
+    if not bool(torch.isfinite(gram).all()):
+        raise ValueError(
+            "kernel: the Gram matrix K(keys, keys) has NaN or inf entries (an exponential "
+            "kernel overflows for a large β·⟨key, key⟩)"
+        )
     problem = _Dual(
         gram.detach().double().numpy(),
         targets[support].detach().double().numpy(),
@@ -488,6 +493,10 @@ def _check_rows(name: str, value: Tensor) -> Tensor:
         raise TypeError(f"{name} must be floating point, got {value.dtype}")
     if value.dim() != 2 or value.shape[0] == 0 or value.shape[1] == 0:
         raise ValueError(f"{name} must be a non-empty matrix (rows, dim), got {tuple(value.shape)}")
+    finite = torch.isfinite(value).all(dim=1)
+    if not bool(finite.all()):
+        row = int((~finite).nonzero()[0])
+        raise ValueError(f"{name} must be finite, got NaN or inf in row {row}")
     return value
 
 

@@ -24,7 +24,13 @@ from typing import Any
 
 from torch import nn
 
-from hopfield.integrations.attention import CONFIG_KEY, VARIANTS, configure_attention, variant_name
+from hopfield.integrations.attention import (
+    CONFIG_KEY,
+    PREFIX,
+    VARIANTS,
+    configure_attention,
+    variant_name,
+)
 
 __all__ = ["FAMILIES", "Family", "build_model", "load_model", "paper_parameter_count"]
 
@@ -149,6 +155,8 @@ def build_model(
     """
     fam = _family(family)
     short = variant_name(variant)
+    if short is None:
+        _check_stock_implementation(variant)
     config_class, model_class = _classes(fam, hopfield=short is not None)
     cfg = config_class(**{**fam.defaults, **config})
     if short is not None:
@@ -176,6 +184,23 @@ def build_model(
             raise ValueError(f"clipping/gate options need a hopfield variant, not {variant!r}")
         cfg._attn_implementation = variant
     return model_class(cfg)
+
+
+def _check_stock_implementation(variant: object) -> None:
+    """A ``ValueError`` listing our variants and ``transformers``' attention implementations
+    when ``variant`` is neither (``transformers`` would list only its own)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    stock = [
+        "eager",
+        *(k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if not k.startswith(PREFIX)),
+    ]
+    if variant not in stock:
+        raise ValueError(
+            f"variant must be a hopfield variant ({', '.join(VARIANTS)}, or the same with the "
+            f"prefix {PREFIX!r}) or an attention implementation of transformers "
+            f"({', '.join(stock)}), got {variant!r}"
+        )
 
 
 def load_model(path: str | Path, *, strict: bool = True, **kwargs: Any) -> nn.Module:
