@@ -75,3 +75,22 @@ def test_a_stopped_two_process_run_resumes_to_the_same_weights(
     reference = _weights(two_processes)
     for name, value in _weights(tmp_path).items():
         assert torch.equal(value, reference[name]), name
+
+
+def test_a_resumed_two_process_run_logs_the_interrupted_interval_as_an_uninterrupted_one(
+    tmp_path: Path,
+) -> None:
+    """Logging every 4 steps and stopping after step 5 leaves step 5's loss in every process's
+    running sums; each process keeps its own in the checkpoint, so the record of steps 5-8
+    is the uninterrupted run's (with only the main process's sums, it was not)."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir()
+    parts.mkdir()
+    torchrun([SCRIPT, str(whole), "4", "-", "4"], cwd=whole)
+    torchrun([SCRIPT, str(parts), "4", "5", "4"], cwd=parts)
+    torchrun([SCRIPT, str(parts), "4", "-", "4"], cwd=parts)
+    resumed, uninterrupted = _result(parts), _result(whole)
+    assert resumed["resumed_from"] == 5
+    assert [r["step"] for r in resumed["log"]] == [4, 8, 12]
+    for a, b in zip(uninterrupted["log"], resumed["log"], strict=True):
+        assert b["loss"] == a["loss"] and b["mae"] == a["mae"], (a["step"], b["step"])

@@ -773,8 +773,10 @@ class Trainer:
             with writing(final, tmp):
                 tmp.mkdir(parents=True)
         acc.wait_for_everyone()
+        # each process keeps its own random streams and its own running sums since the last
+        # log record (every process logs their mean over the processes)
         with writing(final / f"rng-{acc.process_index}.pt", tmp):
-            _save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
+            _save({**_rng_state(), "sums": dict(self._sums)}, tmp / f"rng-{acc.process_index}.pt")
         acc.wait_for_everyone()
         if acc.is_main_process:
             scaler = getattr(acc, "scaler", None)
@@ -848,7 +850,8 @@ class Trainer:
         if scaler is not None and state["scaler"] is not None:
             scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
-        self._sums = dict(state["sums"])
+        # this process's own sums (checkpoints before 27 Nov 2026 kept only the main process's)
+        self._sums = dict(rng.get("sums", state["sums"]))
         self._selection = dict(state.get("selection", self._selection))  # 0.1.0: none saved
         self._best_state = state.get("best_state")
         self.log = list(state["log"])
