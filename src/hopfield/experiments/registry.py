@@ -37,6 +37,10 @@ class Experiment:
         run: ``run(config, context) -> Results``.
         paper: which paper, table or figure the experiment reproduces.
         in_reproduce: whether ``hopfield reproduce`` runs it.
+        check: ``check(config)`` raises a :class:`ConfigError` naming the first field the
+            experiment cannot run with; the runner calls it before it looks at the output
+            folder or creates anything (``None``: the configuration checks itself in
+            ``__post_init__``, or anything goes).
     """
 
     name: str
@@ -46,6 +50,7 @@ class Experiment:
     paper: str = ""
     in_reproduce: bool = True
     tags: tuple[str, ...] = field(default_factory=tuple)
+    check: Callable[[Any], object] | None = None
 
     def __post_init__(self) -> None:
         missing = [p for p in PRESETS if p not in self.presets]
