@@ -67,6 +67,19 @@ def test_list_works_on_a_base_install(tmp_path: Path) -> None:
     assert "retrieval-demo" in done.stdout and "convergence" in done.stdout
 
 
+def test_list_needs_no_torch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hopfield list`` imports neither torch nor an experiment module (it took 1.5 s to
+    import them all), and prints what it prints with them imported."""
+    done = _hopfield(["list"], ["torch"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    from hopfield.cli import main
+    from hopfield.experiments import all_experiments
+
+    all_experiments()  # every experiment registered in this process
+    assert main(["list"]) == 0
+    assert done.stdout == capsys.readouterr().out
+
+
 def _one_line(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

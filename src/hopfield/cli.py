@@ -19,10 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hopfield.data.files import ChecksumError, DataNotFoundError
-from hopfield.experiments.registry import PRESETS, all_experiments, get
-from hopfield.experiments.runner import ConfigError, ExistingRunError, reproduce, run_experiment
-from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
-from hopfield.training import leave_process_group, process_layout
+from hopfield.experiments.registry import PRESETS, ConfigError, all_experiments, get, listings
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
@@ -89,6 +86,8 @@ def _one_line(text: str) -> str:
 
 
 def _exit(status: int, command: str, message: str) -> NoReturn:
+    from hopfield.training import process_layout
+
     line = f"hopfield {command}: {_one_line(message)}"
     if process_layout()[0] == 0:  # one line per launch, not per process
         print(line, file=sys.stderr, flush=True)
@@ -334,13 +333,17 @@ def _check_record(path: Path) -> None:
 
 
 def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    for e in all_experiments():
+    for e in listings():  # imports no experiment module (nor torch)
         presets = "/".join(e.presets)
         print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
     return 0
 
 
 def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.runner import run_experiment
+    from hopfield.report import build_report
+    from hopfield.training import leave_process_group, process_layout
+
     _check_preset(args.name, args.preset)
     path = run_experiment(
         args.name,
@@ -364,6 +367,10 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.runner import reproduce
+    from hopfield.report import build_report, find_records
+    from hopfield.training import leave_process_group, process_layout
+
     if args.only is not None:
         _experiment_names(args.only)
     paths, skipped = reproduce(
@@ -387,6 +394,8 @@ def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> 
 
 
 def _report_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
+
     _results_folder(args.dir)
     records = find_records(args.dir)
     if not records:
@@ -426,6 +435,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] =
 }
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports as one line: mistakes in its input. (The runner, which
+    imports torch, is imported here, after the error, not by ``hopfield list``.)"""
+    from hopfield.experiments.runner import ExistingRunError
+
+    return (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError)
+
+
 def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | None:
     """The folder that holds the work of a run stopped by Ctrl-C (``None``: no run)."""
     if args.command == "run":
@@ -444,8 +461,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args, argv)
-    except (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError) as error:
-        _exit(USAGE_ERROR, args.command, str(error))
     except ImportError as error:
         missing = missing_extra(error)
         if missing is None:
@@ -460,6 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.command,
             f"interrupted; the run so far is in {folder}, and the same command resumes it",
         )
+    except Exception as error:
+        if not isinstance(error, _user_errors()):
+            raise
+        _exit(USAGE_ERROR, args.command, str(error))
 
 
 if __name__ == "__main__":
