@@ -5,8 +5,11 @@ type or one the experiment cannot run with (a :class:`ConfigError` from its conf
 before it reads data or trains), a missing dataset or results folder, an output folder holding a
 finished run of other settings without ``--overwrite``) is one line on stderr and
 exit status 2, as argparse's own errors; so is a command that needs a package of an extra the
-install lacks (the line names the extra: ``pip install "hopfield[experiments]"``); Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
-command resumes it) and exits with 130. Anything else is a bug and keeps its traceback.
+install lacks (the line names the extra and the command that works from a clone:
+``pip install -e ".[experiments]"``; hopfield is on no package index), and so is a
+``--data-dir`` that is no folder; Ctrl-C during ``run``/``reproduce`` says which folder holds
+the stopped run (the same command resumes it) and exits with 130. Anything else is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hopfield._install import install_command
 from hopfield.data.files import ChecksumError, DataNotFoundError
 from hopfield.experiments.registry import PRESETS, ConfigError, all_experiments, get, listings
 
@@ -75,10 +79,7 @@ def missing_extra(error: BaseException) -> tuple[str, str] | None:
 def _missing_extra_line(args: argparse.Namespace, package: str, extra: str) -> str:
     name = getattr(args, "name", None)
     who = f"{name} needs" if name else "needs"
-    return (
-        f'{who} {package}, which this install lacks: pip install "hopfield[{extra}]" '
-        f'(in a checkout: pip install -e ".[{extra}]")'
-    )
+    return f"{who} {package}, which this install lacks: {install_command(extra)}"
 
 
 def _one_line(text: str) -> str:
