@@ -1,4 +1,5 @@
-"""Shared test fixtures: the project's shared data folder (skipped where absent), determinism."""
+"""Shared test fixtures: the project's shared data folder (skipped where absent), determinism,
+and a checkout that the tests leave as they found it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,40 @@ from typing import Any
 import pytest
 import torch
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+#: Folders of the checkout that tools write and git ignores (caches, build metadata).
+_CACHES = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def checkout_files(root: Path = ROOT) -> dict[str, int]:
+    """``{path relative to root: modification time in ns}`` of every file of the checkout but
+    the caches (:data:`_CACHES`, ``*.egg-info``)."""
+    files = {}
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in _CACHES and not d.endswith(".egg-info")]
+        for name in names:
+            path = Path(folder, name)
+            files[str(path.relative_to(root))] = path.stat().st_mtime_ns
+    return files
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _checkout_unchanged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests run in a folder of their own, not in the checkout, so that a command's default
+    output (``hopfield run`` writes ``runs/``) lands there; and the session fails if a test
+    created, changed or removed a file of the checkout (the quick start's ``runs/`` included)."""
+    before = checkout_files()
+    cwd = Path.cwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+    after = checkout_files()
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    if changed:
+        pytest.fail(f"the tests changed the checkout {ROOT}: {', '.join(changed[:10])}")
 
 
 @pytest.fixture(autouse=True, scope="session")

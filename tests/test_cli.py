@@ -34,6 +34,17 @@ def test_list_shows_the_retrieval_demo(capsys: pytest.CaptureFixture[str]) -> No
     assert "retrieval-demo" in capsys.readouterr().out
 
 
+def test_the_listings_are_what_the_experiment_modules_register() -> None:
+    """``hopfield list`` reads the table ``LISTINGS`` (no experiment module imported): it must
+    name every built-in experiment with the summary, presets and paper it registers."""
+    from hopfield.experiments.registry import LISTINGS, Listing, all_experiments
+
+    registered = [
+        Listing.of(e) for e in all_experiments() if e.run.__module__.startswith("hopfield.")
+    ]
+    assert sorted(LISTINGS, key=lambda listing: listing.name) == registered
+
+
 def test_run_writes_results_with_provenance_and_a_report(tmp_path: Path) -> None:
     assert (
         main(

@@ -136,7 +136,8 @@ def test_a_bad_setting_is_one_line_naming_the_field_before_anything_trains(
 
 
 def test_every_preset_passes_its_experiments_config_check() -> None:
-    """The checks refuse only what an experiment cannot run: every preset (the paper ones too)
+    """Every experiment registers its module's check (the runner calls it before anything else),
+    and the checks refuse only what an experiment cannot run: every preset (the paper ones too)
     passes them."""
     import importlib
 
@@ -145,11 +146,12 @@ def test_every_preset_passes_its_experiments_config_check() -> None:
     checked = 0
     for experiment in all_experiments():
         module = importlib.import_module(experiment.run.__module__)
-        check = getattr(module, "check_config", None) or getattr(module, "resolve", None)
+        own = getattr(module, "check_config", None) or getattr(module, "resolve", None)
+        assert experiment.check is own, f"{experiment.name} does not register its check"
         for preset in experiment.presets:
             config = experiment.config(preset)  # configs that check in __post_init__: here
-            if check is not None:
-                check(config)
+            if experiment.check is not None:
+                experiment.check(config)
                 checked += 1
     assert checked >= 40
 
@@ -168,7 +170,9 @@ def test_a_missing_dataset_names_the_folder_and_how_to_set_it(
     registered("test-needs-data", _needs_data)
     monkeypatch.delenv("HOPFIELD_DATA", raising=False)
     run = ["run", "test-needs-data", "--out", str(tmp_path / "out"), "--no-progress"]
+    (tmp_path / "data").mkdir()
     line = _fails([*run, "--data-dir", str(tmp_path / "data")], capsys)
+    assert not (tmp_path / "out").exists()  # the refused run leaves no empty OUT/NAME
     assert f"not at {tmp_path / 'data' / 'absent/file.bin'}" in line
     assert f"data folder {tmp_path / 'data'}, from --data-dir" in line
     assert "$HOPFIELD_DATA=DIR" in line and "https://example.org/file.bin" in line
@@ -177,6 +181,47 @@ def test_a_missing_dataset_names_the_folder_and_how_to_set_it(
     assert "no data folder is set (neither --data-dir / data_dir=... nor $HOPFIELD_DATA)" in line
     monkeypatch.setenv("HOPFIELD_DATA", str(tmp_path / "env"))
     assert f"data folder {tmp_path / 'env'}, from $HOPFIELD_DATA" in _fails(run, capsys)
+
+
+def test_a_data_dir_that_does_not_exist_is_an_error_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped ``--data-dir`` is one line naming it (exit status 2), also where the preset
+    reads no file (the tiny time-series preset makes its series), and ``reproduce`` stops
+    instead of skipping every experiment."""
+    absent, out = tmp_path / "absent", tmp_path / "out"
+    for command in (
+        ["run", "timeseries-hopfield", "--preset", "tiny"],
+        ["reproduce", "--preset", "tiny", "--only", "retrieval-demo"],
+    ):
+        line = _fails([*command, "--out", str(out), "--data-dir", str(absent)], capsys)
+        assert f"the data folder {absent} (--data-dir / data_dir) does not exist" in line, line
+        assert not out.exists()
+    (tmp_path / "file").write_text("")
+    line = _fails(["run", "retrieval-demo", "--data-dir", str(tmp_path / "file")], capsys)
+    assert f"{tmp_path / 'file'} (--data-dir / data_dir) is not a directory" in line
+
+
+def test_a_bad_setting_is_reported_before_a_folder_conflict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick start leaves a finished run in ``runs/retrieval-demo``; a run of other settings
+    into that folder with a bad ``--set`` value names the value, not the folder, and a wrongly
+    typed value is not reported as if it had been changed."""
+    monkeypatch.chdir(tmp_path)
+    finished = tmp_path / "runs" / "retrieval-demo"
+    finished.mkdir(parents=True)
+    (finished / "results.json").write_text('{"preset": "small", "config": {}}')
+    demo = ["run", "retrieval-demo", "--preset", "tiny"]
+    line = _fails([*demo, "--set", "grid_betas=[7]"], capsys)
+    assert line == "hopfield run: grid_betas must be taken from betas, got (7.0,)"
+    line = _fails([*demo, "--set", "num_memories=abc"], capsys)
+    assert line == (
+        "hopfield run: num_memories=abc does not fit the field's type int (values are JSON: 5, "
+        '0.5, true, "text", [1, 2]; without this setting it is num_memories=20)'
+    )
+    assert "holds a finished run" in _fails(demo, capsys)  # the conflict itself is still one
+    assert sorted(p.name for p in finished.iterdir()) == ["results.json"]
 
 
 def test_ctrl_c_says_where_the_run_stopped_and_the_same_command_resumes(

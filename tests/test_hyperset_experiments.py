@@ -205,6 +205,7 @@ def test_images_on_an_imagenet100_folder(tmp_path: Path) -> None:
     metrics = json.loads(path.read_text())["results"]["metrics"]
     assert 0.0 <= metrics["et_accuracy"] <= 100.0 and 0.0 <= metrics["hyperset_accuracy"] <= 100.0
     assert (tree / "cache-224" / "val" / "manifest.json").is_file()  # cached beside the data
+    (tmp_path / "none").mkdir()  # a data folder without ImageNet-100
     with pytest.raises(DataNotFoundError, match="imagenet100 not found"):
         run_experiment("hyperset-images", "tiny", tmp_path / "none", data_dir=tmp_path / "none",
                        progress=False, overrides=changes)  # fmt: skip

@@ -258,6 +258,7 @@ def test_success_tables_pivot_one_criterion_over_the_sweep() -> None:
 
 
 def test_missing_data_fails_clearly_or_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "nothing").mkdir()  # a data folder without the datasets
     with pytest.raises(DataNotFoundError, match="mnist"):
         run_experiment(
             "memory-capacity",

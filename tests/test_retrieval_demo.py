@@ -95,7 +95,7 @@ def test_small_preset_retrieves_most_half_masked_digits_at_large_beta(tmp_path: 
             assert row[beta5] >= 0.85 and row[beta002] == 0.0, row
 
 
-def test_bad_settings_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_settings_are_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     check_config(PRESETS["paper"])
     for bad in (
         Config(grid_betas=(7.0,)),
@@ -109,8 +109,9 @@ def test_bad_settings_are_config_errors(capsys: pytest.CaptureFixture[str]) -> N
     ):
         with pytest.raises(ConfigError):
             check_config(bad)
+    command = ["run", "retrieval-demo", "--preset", "tiny", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as stop:
-        main(["run", "retrieval-demo", "--preset", "tiny", "--set", "grid_betas=[7]"])
+        main([*command, "--set", "grid_betas=[7]"])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err == "hopfield run: grid_betas must be taken from betas, got (7.0,)\n"

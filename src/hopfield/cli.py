@@ -5,9 +5,12 @@ type or one the experiment cannot run with (a :class:`ConfigError` from its conf
 before it reads data or trains), a missing dataset or results folder, an output folder holding a
 finished run of other settings without ``--overwrite``) is one line on stderr and
 exit status 2, as argparse's own errors; so is a command that needs a package of an extra the
-install lacks (the line names the extra: ``pip install "hopfield[experiments]"``); Ctrl-C during ``run``/``reproduce`` says which folder holds the stopped run (the same
-command resumes it) and exits with 130; a full disk is one line naming the file that could not be
-written (exit status 1). Anything else is a bug and keeps its traceback.
+install lacks (the line names the extra and the command that works from a clone:
+``pip install -e ".[experiments]"``; hopfield is on no package index), and so is a
+``--data-dir`` that is no folder; Ctrl-C during ``run``/``reproduce`` says which folder holds
+the stopped run (the same command resumes it) and exits with 130; a full disk is one line naming
+the file that could not be written (exit status 1). Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -19,16 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hopfield._install import install_command
 from hopfield.data.files import ChecksumError, DataNotFoundError
-from hopfield.experiments.registry import PRESETS, all_experiments, get
-from hopfield.experiments.runner import ConfigError, ExistingRunError, reproduce, run_experiment
-from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
-from hopfield.training import (
-    FULL_DISK_ERRORS,
-    DiskFullError,
-    leave_process_group,
-    process_layout,
-)
+from hopfield.experiments.registry import PRESETS, ConfigError, all_experiments, get, listings
 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
@@ -85,10 +81,7 @@ def missing_extra(error: BaseException) -> tuple[str, str] | None:
 def _missing_extra_line(args: argparse.Namespace, package: str, extra: str) -> str:
     name = getattr(args, "name", None)
     who = f"{name} needs" if name else "needs"
-    return (
-        f'{who} {package}, which this install lacks: pip install "hopfield[{extra}]" '
-        f'(in a checkout: pip install -e ".[{extra}]")'
-    )
+    return f"{who} {package}, which this install lacks: {install_command(extra)}"
 
 
 def _one_line(text: str) -> str:
@@ -96,6 +89,8 @@ def _one_line(text: str) -> str:
 
 
 def _exit(status: int, command: str, message: str) -> NoReturn:
+    from hopfield.training import process_layout
+
     line = f"hopfield {command}: {_one_line(message)}"
     if process_layout()[0] == 0:  # one line per launch, not per process
         print(line, file=sys.stderr, flush=True)
@@ -341,13 +336,17 @@ def _check_record(path: Path) -> None:
 
 
 def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    for e in all_experiments():
+    for e in listings():  # imports no experiment module (nor torch)
         presets = "/".join(e.presets)
         print(f"{e.name:24s} {e.summary} [{presets}]" + (f" — {e.paper}" if e.paper else ""))
     return 0
 
 
 def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.runner import run_experiment
+    from hopfield.report import build_report
+    from hopfield.training import leave_process_group, process_layout
+
     _check_preset(args.name, args.preset)
     path = run_experiment(
         args.name,
@@ -371,6 +370,10 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.runner import reproduce
+    from hopfield.report import build_report, find_records
+    from hopfield.training import leave_process_group, process_layout
+
     if args.only is not None:
         _experiment_names(args.only)
     paths, skipped = reproduce(
@@ -394,6 +397,8 @@ def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> 
 
 
 def _report_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.report import RESULTS_FILE, build_report, find_records, update_docs
+
     _results_folder(args.dir)
     records = find_records(args.dir)
     if not records:
@@ -433,6 +438,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] =
 }
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports as one line: mistakes in its input. (The runner, which
+    imports torch, is imported here, after the error, not by ``hopfield list``.)"""
+    from hopfield.experiments.runner import ExistingRunError
+
+    return (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError)
+
+
 def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | None:
     """The folder that holds the work of a run stopped by Ctrl-C (``None``: no run)."""
     if args.command == "run":
@@ -451,14 +464,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args, argv)
-    except (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError) as error:
-        _exit(USAGE_ERROR, args.command, str(error))
     except ImportError as error:
         missing = missing_extra(error)
         if missing is None:
             raise
         _exit(USAGE_ERROR, args.command, _missing_extra_line(args, *missing))
     except OSError as error:  # a full disk: the run so far is kept; the line names the file
+        from hopfield.training import FULL_DISK_ERRORS, DiskFullError
+
         if error.errno not in FULL_DISK_ERRORS:
             raise
         line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
@@ -472,6 +485,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.command,
             f"interrupted; the run so far is in {folder}, and the same command resumes it",
         )
+    except Exception as error:
+        if not isinstance(error, _user_errors()):
+            raise
+        _exit(USAGE_ERROR, args.command, str(error))
 
 
 if __name__ == "__main__":

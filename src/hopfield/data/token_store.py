@@ -233,7 +233,7 @@ def stream_lines(name: str, split: str) -> Iterator[str]:
     into memory or written to disk but the records in flight).
 
     Raises (when iterated):
-        ImportError: ``datasets`` is not installed (``pip install "hopfield[corpora]"``).
+        ImportError: ``datasets`` is not installed (``pip install -e ".[corpora]"`` in the clone).
         hopfield.data.DataNotFoundError: the Hub cannot be reached and the corpus is not cached.
     """
     for source in _check_corpus(name, split):

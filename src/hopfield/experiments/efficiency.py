@@ -736,6 +736,7 @@ register(
         "random-mask, window, linear and random-feature Hopfield models",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Nonparametric Hopfield (Hu et al., ICML 2025) Figs. 6-7 (App. G.5)",
     )
 )

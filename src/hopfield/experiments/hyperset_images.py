@@ -857,6 +857,7 @@ register(
         "alternative designs, layer-iteration trade-off and depth-wise LoRA",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Hyper-SET §5.2, Table 1, Table 3, Fig. 4, Table 4 (Hu, Zou & Xu)",
         tags=("hyperset",),
     )

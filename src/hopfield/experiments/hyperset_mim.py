@@ -474,6 +474,7 @@ register(
         "Transformer; the paper's ImageNet-100 MIM is not reproducible offline",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Hyper-SET §5.3, Table 2 (toy stand-in only)",
         tags=("hyperset",),
     )

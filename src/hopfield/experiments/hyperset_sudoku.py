@@ -597,6 +597,7 @@ register(
         "energy/rank/angle trajectories, step-size ablations",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Hyper-SET §5.1, Fig. 3, Figs. 5-6, Table 3 (Hu, Zou & Xu)",
         tags=("hyperset",),
     )

@@ -911,6 +911,7 @@ register(
         "linear, random-feature) Hopfield models on images",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="OutEffHop Fig. 5 (App. D.2); nonparametric Fig. 2 (upper)",
     )
 )

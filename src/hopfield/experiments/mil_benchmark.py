@@ -376,6 +376,7 @@ register(
         summary="MIL benchmarks (Elephant, Fox, Tiger, UCSB): cross-validated ROC-AUC",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Nonparametric Hopfield (Hu et al. 2025), Table 5 (search space Table 4)",
         tags=("mil", "nonparametric"),
     )

@@ -206,6 +206,7 @@ register(
         summary="Synthetic bit-pattern MIL: can each pooling method find the signal instance?",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="not in the papers' tables (official code bit_pattern.py; hopfield-layers demo)",
         tags=("mil",),
     )

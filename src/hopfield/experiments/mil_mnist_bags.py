@@ -404,6 +404,7 @@ register(
         summary="MIL on MNIST bags: test accuracy vs bag size for the Hopfield model family",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Nonparametric Hopfield (Hu et al. 2025), Table 2 settings, Figures 3-4",
         tags=("mil", "nonparametric"),
     )

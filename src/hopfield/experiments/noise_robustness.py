@@ -230,6 +230,7 @@ register(
         "efficient Hopfield models",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="OutEffHop Fig. 6 (App. D.2); nonparametric Fig. 2 (lower)",
     )
 )

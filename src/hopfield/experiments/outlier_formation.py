@@ -1468,6 +1468,7 @@ register(
         "compare the six attention variants under it",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="OutEffHop Table 1 / Figure 2 setting (Hu et al. 2024), mechanism of Bondarenko et al. 2023",
         in_reproduce=False,
     )

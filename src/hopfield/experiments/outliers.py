@@ -1170,6 +1170,7 @@ register(
         summary="BERT/OPT/ViT with six attention variants: outliers, W8A8, Figures 2-4 (--set model=bert|opt|vit)",
         presets=PRESETS,
         run=run,
+        check=resolve,
         paper="Table 1 and Figures 2-4 of OutEffHop (Hu et al., 2024)",
     )
 )
@@ -1180,6 +1181,7 @@ for _family in FAMILIES:
             summary=f"The outlier study for {DISPLAY[_family]} only (= outliers --set model={_family})",
             presets=_presets(_family, {"tiny": 1, "small": 3}),
             run=run,
+            check=resolve,
             paper="Table 1 and Figures 2-4 of OutEffHop (Hu et al., 2024)",
             in_reproduce=False,
         )

@@ -385,6 +385,7 @@ register(
         "queries across β",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="illustration of the retrieval dynamics (OutEffHop §2, nonparametric §2)",
     )
 )

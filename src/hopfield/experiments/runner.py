@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -156,13 +157,33 @@ def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
                 pass
             raise ConfigError(
                 f"{key}={text} does not fit the field's type {_type_name(hints[key])} (values "
-                f'are JSON: 5, 0.5, true, "text", [1, 2]); it is now '
-                f"{key}={json.dumps(getattr(config, key), default=str)}"
+                f'are JSON: 5, 0.5, true, "text", [1, 2]; without this setting it is '
+                f"{key}={json.dumps(getattr(config, key), default=str)})"
             ) from None
     try:
         return replace(config, **changes)
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from error
+
+
+def check_data_dir(data_dir: Path | str | None) -> None:
+    """A :class:`DataNotFoundError` naming ``data_dir`` when it is given but is no folder (a
+    mistyped ``--data-dir``), for every experiment, before anything runs or is created."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise DataNotFoundError(
+            f"the data folder {Path(data_dir).absolute()} (--data-dir / data_dir) "
+            f"{'is not a directory' if Path(data_dir).exists() else 'does not exist'}"
+        )
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost folder of the path ``folder`` that does not exist (``None``: it does)."""
+    missing = None
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
 
 
 class ExistingRunError(ValueError):
@@ -360,6 +381,11 @@ def run_experiment(
     configuration, precision, stand-in data: :func:`check_run_folder`), ``overwrite=False``
     raises :class:`ExistingRunError` before anything runs (the command line's default), and
     ``overwrite=True`` replaces it, saying so on stderr (its work of unchanged settings is reused).
+
+    The settings are checked first (``overrides``, then the experiment's ``check``: a
+    :class:`ConfigError`), then ``data_dir`` (a :class:`DataNotFoundError` when it is given but
+    is no folder), then the output folder; a run refused with either error leaves no folder it
+    created behind.
     """
     experiment: Experiment = get(name)
     config = experiment.config(preset)
@@ -367,6 +393,9 @@ def run_experiment(
         config = replace(config, seed=seed)
     if overrides:
         config = apply_overrides(config, overrides)
+    if experiment.check is not None:  # settings first: a bad one is no folder conflict
+        experiment.check(config)
+    check_data_dir(data_dir)
     planned = {
         "preset": preset,
         "config": asdict(config),
@@ -387,6 +416,7 @@ def run_experiment(
             flush=True,
         )
     state = distributed_state()
+    created = _first_missing(Path(out) / name)  # removed again if the run is refused
     context = RunContext(
         out_dir=Path(out) / name,
         data_dir=Path(data_dir) if data_dir is not None else None,
@@ -420,9 +450,11 @@ def run_experiment(
     try:
         with _terminate_as_interrupt():
             results = experiment.run(config, context)
-    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting
+    except (ConfigError, DataNotFoundError):  # refused before any work: no sitting, no folder
         if context.is_main_process:
             _put_back(unfinished, before)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
         raise
     except (KeyboardInterrupt, Exception) as stop:
         try:
@@ -501,6 +533,7 @@ def reproduce(
     ``overwrite=False`` a finished run of other settings in ``out`` raises
     :class:`ExistingRunError` before any experiment runs.
     """
+    check_data_dir(data_dir)
     chosen = [e for e in all_experiments() if (e.name in only if only else e.in_reproduce)]
     if not overwrite:
         for experiment in chosen:

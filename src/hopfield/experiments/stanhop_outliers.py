@@ -749,6 +749,7 @@ register(
         summary="STanHop-Net with dense/sparse/GSH/OutEffHop/clipped/gated associations: MSE, outliers, W8A8",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Table 2 and the STanHop-Net rows of Table 1 of Hu et al., OutEffHop (ICML 2024)",
         tags=("timeseries", "outliers"),
     )

@@ -545,6 +545,7 @@ register(
         summary="Hopfield forecasters (dense, sparse, top-K, window, RF, linear, OutEffHop) on ETT/WTH",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="Table 6 and Figure 5 of Hu et al., Nonparametric Modern Hopfield Models (ICML 2025)",
         tags=("timeseries",),
     )

@@ -7,7 +7,20 @@ with ``transformers.AttentionInterface`` under namespaced names (``hopfield_soft
 ``hopfield_opt``, ``hopfield_vit``: :mod:`hopfield.integrations.auto`) with ``AutoConfig`` and the
 ``AutoModel*`` classes, so that ``AutoModel*.from_pretrained`` restores a saved model's attention
 variant, clipping parameters and gates. See ``docs/outliers.md``.
+
+On an install without ``transformers`` the import fails with one line that names the extra.
 """
+
+from hopfield._install import install_command
+
+try:
+    import transformers  # noqa: F401  (the package this one extends)
+except ModuleNotFoundError as missing:
+    if missing.name != "transformers":
+        raise
+    raise ImportError(
+        f"hopfield.integrations needs transformers (extra hf): {install_command('hf')}"
+    ) from missing
 
 from hopfield.integrations.attention import (
     VARIANTS,
