@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hopfield.functional.separation import HALF_DTYPES
+
 __all__ = ["blockwise_entmax_attention"]
 
 # Per-row Newton steps for α < 2 (sparsemax has its own exact stop and no cap is needed).
@@ -305,7 +307,7 @@ def blockwise_entmax_attention(
     if bias is not None and bias.requires_grad:
         raise ValueError("the blockwise path gives no gradient to the mask; use the explicit path")
     dtype = q.dtype
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in HALF_DTYPES:
         q, k, v = q.float(), k.float(), v.float()
         if isinstance(scale, Tensor):
             scale = scale.float()

@@ -18,11 +18,12 @@ from torch import Tensor, nn
 from hopfield._validation import check_int
 from hopfield._validation import check_real as _check_real
 
-_HALF = (torch.float16, torch.bfloat16)
+#: The dtypes computed in float32 (scores, sums) and cast back.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _upcast(scores: Tensor) -> Tensor:
-    return scores.float() if scores.dtype in _HALF else scores
+    return scores.float() if scores.dtype in HALF_DTYPES else scores
 
 
 class Separation(nn.Module):
