@@ -234,7 +234,7 @@ def _entmax15_threshold(x: Tensor, whole: bool) -> tuple[Tensor, Tensor]:
     return tau.gather(-1, support - 1), (support < k) | whole
 
 
-def _gap_power(y: Tensor, exponent: Tensor) -> Tensor:
+def gap_power(y: Tensor, exponent: Tensor | float) -> Tensor:
     """``(1 + y)^exponent`` for ``y`` in ``[-1, 0]``, as ``exp(exponent · log1p(y))``.
 
     Exact to a few ulps of ``exponent · log1p(y)``, where rounding ``1 + y`` first would lose
@@ -272,7 +272,7 @@ def _newton_threshold(
     linear = bool((coef >= 1).any())  # alpha = 2 in a tensor alpha: 0^0 = 1 outside the support
     for _ in range(iterations):
         y = (d - t).mul_(coef).clamp_min_(-1.0)  # the gap minus 1; -1 outside the support
-        s = _gap_power(y, power - 1)  # gap^(r - 1); ~1e-38 outside the support
+        s = gap_power(y, power - 1)  # gap^(r - 1); ~1e-38 outside the support
         if linear:
             s = s.mul_(y > -1.0)
         g1 = s.sum(dim=-1, keepdim=True)
@@ -400,7 +400,7 @@ class _Entmax(torch.autograd.Function):
             p = p.mul_(p).mul_(0.25)
         else:  # tau is Newton's t: [1 + coef (z - peak - t)]_+^r, as exp(r log1p(...)).
             y = gap.sub_(tau).mul_(coef).clamp_min_(-1.0)
-            p = _gap_power(y, 1.0 / coef - 1).mul_(y.add_(1.0))  # exactly 0 outside the support
+            p = gap_power(y, 1.0 / coef - 1).mul_(y.add_(1.0))  # exactly 0 outside the support
             total = p.sum(dim=-1, keepdim=True)
             p = p.div_(torch.where(total == 0, torch.ones_like(total), total))
         ctx.exact = exact
