@@ -151,6 +151,31 @@ def test_blockwise_half_precision_and_float32() -> None:
         torch.testing.assert_close(out.to(D), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("alpha", [1.0001, 1.001, 1.01, 1.1, 1.5, 2.0])
+def test_blockwise_near_alpha_one_matches_float64(alpha: float) -> None:
+    """Newton stopped at ``h - 1 <= tol``, but ``h - 1 = (α - 1) log G0``: near α = 1 it
+    stopped with ``G0`` still far from 1, and ``gap^r`` lost ``r`` ulps (errors ~1e-4 in float32
+    at α = 1.0001). Float32 values and gradients must be within 1e-4 of float64."""
+    results = []
+    for spread in (1e-3, 1.0, 30.0):
+        q, k, v = patterns(b=1, length=6, size=40, e=8, spread=spread)
+        probe = torch.randn(1, 2, 6, 3, dtype=D, generator=torch.Generator().manual_seed(3))
+        for dtype in (torch.float32, D):
+            inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            out = associate(*inputs, separation=Entmax(alpha), structure=blockwise(16))
+            results.append([out, *grads(out, inputs, probe.to(dtype))])
+    for low, high in zip(results[::2], results[1::2], strict=True):
+        for a, b in zip(low, high, strict=True):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a.to(D), b, rtol=0, atol=1e-4)
+    q, k, v = patterns(b=1, h=1, length=3, size=7, e=3, ev=2)
+
+    def f(q, k, v):
+        return blockwise_entmax_attention(q, k, v, alpha=alpha, scale=2.0, key_block=3)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
 def test_dense_dispatch(monkeypatch) -> None:
     """Dense takes the blockwise path above ``blockwise_from``; weights, dropout, learnable α,
     other separations and masks with gradients take the explicit path."""

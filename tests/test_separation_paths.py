@@ -172,3 +172,56 @@ def test_no_rows_give_an_empty_result_and_gradient(alpha: float) -> None:
     assert out.shape == z.shape
     out.sum().backward()
     assert z.grad is not None and z.grad.shape == z.shape
+
+
+NEAR_ONE = [1.0001, 1.001, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 1.75, 2.0]
+
+
+def scaled_rows(dtype: torch.dtype, keys: int = 50) -> Tensor:
+    """One row per scale 1e-3, 1e-2, ..., 1e4 of ``randn`` scores (issue 26, item 4)."""
+    gen = torch.Generator().manual_seed(4)
+    scale = torch.logspace(-3, 4, 8, dtype=torch.float64)[:, None]
+    return (torch.randn(8, keys, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("alpha", NEAR_ONE)
+def test_entmax_near_alpha_one_is_finite_and_matches_float64(alpha: float) -> None:
+    """Newton's weights ``[(z - tau/coef)]^r`` overflowed to inf / inf = NaN near alpha = 1 (in
+    float32 from 1.02 down, in float64 from 1.001 down); float32 must be within 1e-4 of float64."""
+    z64 = scaled_rows(torch.float64)
+    reference = Entmax(alpha)(z64)
+    assert np.allclose(reference.numpy(), ref_entmax(z64.numpy(), alpha), atol=1e-9)
+    for weights in (Entmax(alpha)(z64.float()), entmax(z64.float(), torch.tensor(alpha))):
+        assert bool(torch.isfinite(weights).all())
+        assert torch.allclose(weights.double(), reference, atol=1e-4, rtol=0)
+        assert bool((weights[reference == 0] == 0).all())  # exact zeros kept
+    for dtype in (torch.float16, torch.bfloat16):
+        rounded = z64.to(dtype)
+        half = Entmax(alpha)(rounded)
+        assert half.dtype == dtype and bool(torch.isfinite(half).all())
+        assert torch.allclose(half.double(), Entmax(alpha)(rounded.double()), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.0001, 1.01, 1.1, 1.5, 1.75])
+def test_entmax_gradients_near_alpha_one_match_float64(alpha: float) -> None:
+    """The alpha gradient ``(-p log p + s (z - tau')) / (alpha - 1)`` cancelled ``|z| / coef``
+    ulps (a wrong sign in float32 at alpha = 1.0001 for scores of scale 100)."""
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        z = scaled_rows(dtype).requires_grad_(True)
+        a = torch.tensor(alpha, dtype=dtype, requires_grad=True)
+        upstream = torch.randn(z.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+        (entmax(z, a) * upstream).sum().backward()
+        assert z.grad is not None and a.grad is not None
+        assert bool(torch.isfinite(z.grad).all()) and bool(torch.isfinite(a.grad).all())
+        grads.append((z.grad.double(), a.grad.double()))
+    (z32, a32), (z64, a64) = grads
+    assert torch.allclose(z32, z64, atol=1e-4, rtol=0)
+    assert torch.allclose(a32, a64, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [1.001, 1.01, 1.02])
+def test_gradcheck_near_alpha_one(alpha: float) -> None:
+    z = torch.randn(3, 12, generator=torch.Generator().manual_seed(6), dtype=torch.float64) * 3
+    a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
+    assert gradcheck(lambda x, b: entmax(x, b), (z.requires_grad_(True), a), atol=1e-5)

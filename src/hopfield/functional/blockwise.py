@@ -16,9 +16,15 @@ the left end ``τ_0 = -1`` (where ``h >= 1``) stays left of the root and increas
 
 For sparsemax (``r = 1``) this is Michelot's algorithm ``τ ← (Σ_{x>τ} x - 1) / |{x > τ}|``:
 exact once the support ``{x > τ}`` stops changing (at most ``S`` steps, usually a handful).
-For α < 2 the steps stop when the support is unchanged and ``h - 1 <= tol`` (Newton converges
-quadratically once the support is found); the weights are then normalised by ``G0``, as the
-explicit path does. Each step is one streaming pass over the key blocks that
+For α < 2 the steps stop when the support is unchanged and ``(h - 1) / (α - 1) <= tol`` (Newton
+converges quadratically once the support is found); the weights are then normalised by ``G0``,
+as the explicit path does.
+
+As in :func:`hopfield.functional.separation.entmax`, the iterate is kept as
+``t = (τ + 1) / (α - 1)`` (so ``x_j - τ = 1 + y_j`` with ``y_j = (α - 1)(z_j - max z - t)``) and
+the powers are taken as ``exp(r · log1p(y))``: near α = 1 the gap ``1 + y`` rounded to float32
+would lose ``r`` ulps in its ``r``-th power, and ``h - 1 = (α - 1) log G0`` would pass the
+tolerance with ``G0`` still far from 1. Each step is one streaming pass over the key blocks that
 accumulates ``G0``, ``G1``, the support size and ``Σ_j w_j v_j`` at the current τ, so the pass
 that detects convergence also yields the output. A first pass finds the row maxima.
 
@@ -39,6 +45,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from hopfield.functional.separation import HALF_DTYPES, gap_power
 
 __all__ = ["blockwise_entmax_attention"]
 
@@ -93,11 +101,22 @@ class _Tiles:
             yield lo, hi, z
 
 
-def _gap(z: Tensor, coef: float, m: Tensor, tau: Tensor) -> Tensor:
-    """``[(α - 1) z - m - τ]_+``, computed in place on the fresh score tile ``z``."""
+def _gap(z: Tensor, coef: float, peak: Tensor, t: Tensor) -> Tensor:
+    """``y = (α - 1)(z - peak - t)`` clamped at -1, in place on the fresh score tile ``z``.
+
+    ``1 + y`` is the gap ``[(α - 1) z - m - τ]_+`` with ``τ = -1 + (α - 1) t`` (``t`` instead of
+    ``τ`` for the precision near α = 1, see :func:`hopfield.functional.separation.gap_power`).
+    """
+    z.sub_(peak).sub_(t)
     if coef != 1.0:
         z.mul_(coef)
-    return z.sub_(m).sub_(tau).clamp_min_(0)
+    return z.clamp_min_(-1.0)
+
+
+def _gap_power(y: Tensor, exponent: float) -> Tensor:
+    """``(1 + y)^exponent`` (a new tensor): exactly ``1 + y`` for α = 1.5, else
+    :func:`~hopfield.functional.separation.gap_power` (``~1e-38`` for ``y = -1``)."""
+    return y + 1.0 if exponent == 1.0 else gap_power(y, exponent)
 
 
 def _query_rows(batch_heads: int, length: int, key_block: int, max_tile_elements: int) -> int:
@@ -109,8 +128,9 @@ def _solve_block(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """Threshold and output of one query block.
 
-    Returns ``(out, m, tau, norm, vbar)``: the output ``(B, H, Lq, Ev)``, the row shift ``m``
-    (``max (α-1) z``, 0 for rows without keys), the threshold τ (``+inf`` for rows without keys),
+    Returns ``(out, peak, t, norm, vbar)``: the output ``(B, H, Lq, Ev)``, the row maximum
+    ``peak`` (0 for rows without keys), the threshold ``t = (τ + 1) / (α - 1)`` (``+inf`` for rows
+    without keys),
     the normaliser ``G0`` (1 for sparsemax) and, when ``need_mean``, ``v̄``.
     """
     sparsemax = alpha == 2.0
@@ -121,8 +141,8 @@ def _solve_block(
     for _, _, z in tiles:
         peak = torch.maximum(peak, z.amax(dim=-1, keepdim=True).expand(shape))
     valid = peak > -math.inf
-    m = torch.where(valid, peak * coef, torch.zeros_like(peak))
-    tau = torch.where(valid, torch.full_like(m, -1.0), torch.full_like(m, math.inf))
+    peak = torch.where(valid, peak, torch.zeros_like(peak))
+    t = torch.where(valid, torch.zeros_like(peak), torch.full_like(peak, math.inf))
     done = ~valid
     previous: Tensor | None = None
     tol = 64 * torch.finfo(tiles.q.dtype).eps
@@ -130,26 +150,26 @@ def _solve_block(
     step = 0
     while True:
         step += 1
-        g0 = torch.zeros_like(m)
-        g1 = torch.zeros_like(m)
-        count = torch.zeros_like(m)
+        g0 = torch.zeros_like(peak)
+        g1 = torch.zeros_like(peak)
+        count = torch.zeros_like(peak)
         out = tiles.q.new_zeros(*shape[:-1], ev)
         mean = tiles.q.new_zeros(*shape[:-1], ev) if need_mean else None
         for lo, hi, z in tiles:
-            gap = _gap(z, coef, m, tau)
-            inside = gap > 0
+            y = _gap(z, coef, peak, t)
+            inside = y > -1.0
             count += inside.sum(dim=-1, keepdim=True)
             v_block = v[:, :, lo:hi]
             if sparsemax:
                 if mean is not None:
-                    mean += torch.matmul(inside.to(gap.dtype), v_block)
-                w = gap
+                    mean += torch.matmul(inside.to(y.dtype), v_block)
+                w = y.add_(1.0)
             else:
-                s = gap.pow(power - 1)
+                s = _gap_power(y, power - 1)  # ~1e-38 outside the support: negligible in sums
                 g1 += s.sum(dim=-1, keepdim=True)
                 if mean is not None:
                     mean += torch.matmul(s, v_block)
-                w = gap.mul_(s)
+                w = s.mul_(y.add_(1.0))  # exactly 0 outside the support
                 del s
             g0 += w.sum(dim=-1, keepdim=True)
             out += torch.matmul(w, v_block)
@@ -159,18 +179,20 @@ def _solve_block(
         if sparsemax:
             converged = stable
         else:
-            h = g0.clamp_min(0) ** coef  # g0 ** (1 / power)
-            converged = stable & (h - 1 <= tol)
+            log_h = coef * torch.log(g0)  # h = g0 ** (1 / power)
+            h = torch.exp(log_h)
+            excess = torch.expm1(log_h) / coef  # (h - 1) / (α - 1) without cancellation
+            converged = stable & (excess <= tol)
         done = done | converged
         if bool(done.all()) or (not sparsemax and step >= _MAX_NEWTON_STEPS):
             break
         safe_g1 = torch.where(g1 > 0, g1, torch.ones_like(g1))
         if sparsemax:
-            proposal = tau + (g0 - 1) / safe_g1
+            proposal = t + (g0 - 1) / safe_g1
         else:
             safe_h = torch.where(h > 0, h, torch.ones_like(h))
-            proposal = tau + (h - 1) * g0 / (safe_h * safe_g1)
-        tau = torch.where(done, tau, torch.maximum(tau, proposal))
+            proposal = t + excess * g0 / (safe_h * safe_g1)
+        t = torch.where(done, t, torch.maximum(t, proposal))
         previous = count
     norm = torch.ones_like(g0) if sparsemax else torch.where(g0 > 0, g0, torch.ones_like(g0))
     if not sparsemax:
@@ -178,7 +200,7 @@ def _solve_block(
     vbar = None
     if mean is not None:
         vbar = mean / torch.where(g1 > 0, g1, torch.ones_like(g1))
-    return out, m, tau, norm, vbar
+    return out, peak, t, norm, vbar
 
 
 class _BlockwiseEntmax(torch.autograd.Function):
@@ -200,7 +222,7 @@ class _BlockwiseEntmax(torch.autograd.Function):
         need_grad = any(ctx.needs_input_grad[:3])
         rows = _query_rows(batch * heads, length, key_block, max_tile_elements)
         out = q.new_zeros(batch, heads, length, v.shape[-1])
-        state = q.new_zeros(batch, heads, length, 3)  # m, tau, norm
+        state = q.new_zeros(batch, heads, length, 3)  # peak, t, norm
         vbar = q.new_zeros(batch, heads, length, v.shape[-1]) if need_grad else None
         for start in range(0, length, rows):
             stop = min(start + rows, length)
@@ -213,9 +235,9 @@ class _BlockwiseEntmax(torch.autograd.Function):
                 length,
                 key_block,
             )
-            o, m, tau, norm, mean = _solve_block(tiles, v, alpha, need_grad)
+            o, peak, t, norm, mean = _solve_block(tiles, v, alpha, need_grad)
             out[:, :, start:stop] = o
-            state[:, :, start:stop] = torch.cat([m, tau, norm], dim=-1)
+            state[:, :, start:stop] = torch.cat([peak, t, norm], dim=-1)
             if vbar is not None and mean is not None:
                 vbar[:, :, start:stop] = mean
         ctx.save_for_backward(q, k, v, bias, state, vbar)
@@ -246,23 +268,24 @@ class _BlockwiseEntmax(torch.autograd.Function):
                 length,
                 ctx.key_block,
             )
-            m, tau, norm = state[:, :, start:stop].split(1, dim=-1)
+            peak, t, norm = state[:, :, start:stop].split(1, dim=-1)
             g = grad[:, :, start:stop]
             centre = (g * vbar[:, :, start:stop]).sum(dim=-1, keepdim=True)
             # s = p^(2-α) = gap^(r-1) / norm^(2-α) with the normalised p = gap^r / norm.
             s_scale = norm ** (alpha - 2.0)
             dq_block = torch.zeros_like(q_block)
             for lo, hi, z in tiles:
-                gap = _gap(z, coef, m, tau)
+                y = _gap(z, coef, peak, t)
+                inside = y > -1.0
                 v_block = v[:, :, lo:hi]
                 dz = torch.matmul(g, v_block.transpose(-1, -2)).sub_(centre)
                 if sparsemax:
-                    dz.mul_(gap > 0)
-                    p = gap
+                    dz.mul_(inside)
+                    p = y.add_(1.0)
                 else:
-                    s = gap.pow(power - 1)
+                    s = _gap_power(y, power - 1).mul_(inside)
                     dz.mul_(s).mul_(s_scale)
-                    p = gap.mul_(s).div_(norm)
+                    p = s.mul_(y.add_(1.0)).div_(norm)
                     del s
                 dq_block += torch.matmul(dz, k[:, :, lo:hi])
                 dk[:, :, lo:hi] += torch.matmul(dz.transpose(-1, -2), q_block)
@@ -305,7 +328,7 @@ def blockwise_entmax_attention(
     if bias is not None and bias.requires_grad:
         raise ValueError("the blockwise path gives no gradient to the mask; use the explicit path")
     dtype = q.dtype
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in HALF_DTYPES:
         q, k, v = q.float(), k.float(), v.float()
         if isinstance(scale, Tensor):
             scale = scale.float()

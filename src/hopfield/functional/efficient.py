@@ -31,7 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from hopfield.functional import native
 from hopfield.functional.separation import Separation, SoftmaxN
-from hopfield.functional.structures import Dense, Scale, Structure
+from hopfield.functional.structures import Dense, Scale, Structure, computed_in_float32
 
 __all__ = ["RandomMask", "TopK", "Window"]
 
@@ -804,6 +804,7 @@ class TopK(_GatheredStructure):
         default = _NATIVE_KEY_CHUNK if native_kernels else _KEY_CHUNK
         return min(size, max(default if self.chunk_size is None else self.chunk_size, upper))
 
+    @computed_in_float32
     def forward(
         self,
         q: Tensor,
@@ -1128,7 +1129,7 @@ def _index_sampler_applies(upper: int, size: int, causal: bool) -> bool:
     return 2 * upper <= size and (not causal or upper * upper <= 4 * size)
 
 
-# Without the native kernels (GPUs, half precision, no C compiler), random masks with gradients
+# Without the native kernels (GPUs, no C compiler), random masks with gradients
 # take the fused dense kernel with an additive mask of the sampled subsets when
 # ``S <= _MASKED_KERNEL_RATIO · k`` and the mask has at most ``_MASKED_KERNEL_ELEMENTS`` entries
 # (128 MiB in float32). Measured on the 2-core CPU with PyTorch's gathers (k = 64, E = 64, B1 H8,
@@ -1272,6 +1273,7 @@ class RandomMask(_GatheredStructure):
         where = generator.device if generator is not None else device
         return torch.rand(shape, generator=generator, device=where).to(device)
 
+    @computed_in_float32
     def forward(
         self,
         q: Tensor,
@@ -1529,6 +1531,7 @@ class Window(Structure):
             (*t.shape[:2], nb, block, width), (s0, s1, block * stride_cols + block, stride_cols, 1)
         )
 
+    @computed_in_float32
     def forward(
         self,
         q: Tensor,

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from hopfield.functional.efficient import additive_bias
 from hopfield.functional.separation import Separation, Softmax
-from hopfield.functional.structures import Scale, Structure
+from hopfield.functional.structures import Scale, Structure, computed_in_float32
 
 __all__ = ["Linear", "RandomFeatures", "kernel_association", "orthogonal_gaussian"]
 
@@ -36,10 +36,15 @@ def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     sees no key (all its keys masked, or every kernel value underflowed) has ``den + eps`` below
     the smallest normal number. Its output is 0 whatever ``num`` is, so its gradient is 0 too; a
     plain division would send it ``1 / (den + eps)`` (``1 / eps``, or ``inf`` for ``eps = 0``),
-    which overflows or swamps the other rows' gradients where the backward sums them.
+    which overflows or swamps the other rows' gradients where the backward sums them. The same
+    holds for a normaliser that is all but underflowed, below ``tiny / eps`` of its dtype (about
+    1.6e-31 in float32, 1e-292 in float64: random features of scores ~3e4 reach it): the
+    gradients ``1 / den`` of its features overflow in the backward (``inf · 0 = NaN``), so it
+    counts as empty too.
     """
     total = den + eps
-    empty = total < torch.finfo(total.dtype).tiny
+    info = torch.finfo(total.dtype)
+    empty = total < info.tiny / info.eps
     return torch.where(empty, 0.0, num / torch.where(empty, 1.0, total))
 
 
@@ -171,6 +176,7 @@ class _KernelStructure(Structure):
     ) -> tuple[Tensor, Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    @computed_in_float32
     def forward(
         self,
         q: Tensor,

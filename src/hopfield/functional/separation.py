@@ -18,11 +18,12 @@ from torch import Tensor, nn
 from hopfield._validation import check_int
 from hopfield._validation import check_real as _check_real
 
-_HALF = (torch.float16, torch.bfloat16)
+#: The dtypes computed in float32 (scores, sums) and cast back.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _upcast(scores: Tensor) -> Tensor:
-    return scores.float() if scores.dtype in _HALF else scores
+    return scores.float() if scores.dtype in HALF_DTYPES else scores
 
 
 class Separation(nn.Module):
@@ -177,7 +178,8 @@ class Polynomial(Separation):
 # --------------------------------------------------------------------------------------------
 # The alpha-entmax family: p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)), sum_i p_i = 1.
 # alpha = 2 is sparsemax, alpha = 1.5 has an exact sort-based threshold, any alpha in (1, 2]
-# is found by Newton's method from the left. One autograd function gives all the gradients.
+# is found by Newton's method from the left (on t = (tau + 1) / (alpha - 1), see
+# _newton_threshold). One autograd function gives all the gradients.
 #
 # Speed: the threshold only depends on the few largest scores of a row (after the shift by the
 # row maximum, tau lies in [-1, 0) and the support is usually a small part of the row), so it is
@@ -232,44 +234,69 @@ def _entmax15_threshold(x: Tensor, whole: bool) -> tuple[Tensor, Tensor]:
     return tau.gather(-1, support - 1), (support < k) | whole
 
 
-def _newton_threshold(
-    x: Tensor, coef: Tensor, iterations: int, whole: bool
-) -> tuple[Tensor, Tensor]:
-    """``(tau, complete)``: the root of ``h(tau) = ‖[x - tau]_+‖_r = 1`` (``r = 1 / coef``) for
-    rows ``x (R, m)`` with maximum 0 (any order; ``complete`` when the row is whole or sorted in
-    descending order with its last entry outside the support).
+def gap_power(y: Tensor, exponent: Tensor | float) -> Tensor:
+    """``(1 + y)^exponent`` for ``y`` in ``[-1, 0]``, as ``exp(exponent · log1p(y))``.
 
-    ``h`` is convex and decreasing, so Newton's method from ``tau = -1`` (where ``h >= 1``) never
-    passes the root and increases monotonically; it converges quadratically (a handful of steps
-    instead of the ~50 halvings of bisection to the same precision). At most ``iterations`` steps;
-    a row stops when its step no longer moves ``tau`` by more than a few ulps.
+    Exact to a few ulps of ``exponent · log1p(y)``, where rounding ``1 + y`` first would lose
+    ``exponent`` ulps. Results below ``e`` times the smallest normal number are raised to that
+    value (torch's ``exp`` is ten to thirty times slower on subnormal or zero results): ``y = -1``
+    gives that tiny value, or 1 for ``exponent = 0``; multiply by ``1 + y`` for exact zeros.
+    """
+    info = torch.finfo(y.dtype)
+    floor = math.log(info.tiny) + 1.0
+    log_gap = torch.log1p(y).clamp_min_(-info.max)  # finite: -inf * 0 would be NaN
+    return log_gap.mul_(exponent).clamp_min_(floor).exp_()
+
+
+def _newton_threshold(
+    d: Tensor, coef: Tensor, iterations: int, whole: bool
+) -> tuple[Tensor, Tensor]:
+    """``(t, complete)`` for rows ``d (R, m)`` of scores minus their maximum (any order;
+    ``complete`` when the row is whole or sorted in descending order with its last entry outside
+    the support): the root of ``h(t) = ‖[1 + coef (d - t)]_+‖_r = 1`` (``r = 1 / coef``).
+
+    This is the threshold ``tau = -1 + coef · t`` of the convention ``[coef · d - tau]_+^r``,
+    kept as ``t`` because near ``alpha = 1`` (``r`` large) the gap ``1 + coef (d - t)`` rounded
+    to the working precision would lose ``r`` ulps when raised to the power ``r``. Powers are
+    taken as ``exp(r · log1p(coef (d - t)))``, exact to a few ulps of the exponent ``d - t``
+    (the softmax limit ``exp(d - t)``, ``t = logsumexp(d)``, as ``coef -> 0``).
+
+    ``h`` is convex and decreasing, so Newton's method from ``t = 0`` (where ``h >= 1``) never
+    passes the root and increases monotonically; it converges quadratically (one step in the
+    softmax limit). At most ``iterations`` steps; a row stops when its step no longer moves
+    ``t`` by more than a few ulps.
     """
     power = 1.0 / coef
-    tau = torch.full_like(x[..., :1], -1.0)
-    tol = 64 * torch.finfo(x.dtype).eps
+    t = torch.zeros_like(d[..., :1])
+    tol = 64 * torch.finfo(d.dtype).eps
     linear = bool((coef >= 1).any())  # alpha = 2 in a tensor alpha: 0^0 = 1 outside the support
     for _ in range(iterations):
-        gap = (x - tau).clamp_min_(0)
-        s = gap.pow(power - 1)
+        y = (d - t).mul_(coef).clamp_min_(-1.0)  # the gap minus 1; -1 outside the support
+        s = gap_power(y, power - 1)  # gap^(r - 1); ~1e-38 outside the support
         if linear:
-            s = s.mul_(gap > 0)
+            s = s.mul_(y > -1.0)
         g1 = s.sum(dim=-1, keepdim=True)
-        g0 = s.mul_(gap).sum(dim=-1, keepdim=True)
-        h = g0**coef
+        g0 = s.mul_(y.add_(1.0)).sum(dim=-1, keepdim=True)  # Σ gap^r
+        log_h = coef * torch.log(g0)
+        h = torch.exp(log_h)
         safe = torch.where(h * g1 > 0, h * g1, torch.ones_like(g1))
-        step = ((h - 1) * g0 / safe).clamp_min(0)  # >= 0: rounding never moves tau back
-        tau = tau + step
-        if not bool((step > tol).any()):
+        # (h - 1) / coef without cancellation; >= 0: rounding never moves t back.
+        step = (torch.expm1(log_h) / coef * g0 / safe).clamp_min(0)
+        t = t + step
+        if not bool((step > tol * (1 + t)).any()):
             break
-    complete = torch.full_like(tau, True, dtype=torch.bool) if whole else x[..., -1:] <= tau
-    return tau, complete
+    if whole:
+        return t, torch.full_like(t, True, dtype=torch.bool)
+    return t, (d[..., -1:] - t) * coef <= -1.0
 
 
 def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[Tensor, Tensor]:
     """``(peak, tau)`` of rows ``z (R, S)``: weights ``[coef · (z - peak) - tau]_+ ^ (1/coef)``.
 
     ``alpha`` is 2.0 or 1.5 for the exact sort-based thresholds, else NaN (Newton, with ``coef``
-    a scalar or ``(R, 1)``). Rows without a finite score get ``peak = 0``, ``tau = +inf``.
+    a scalar or ``(R, 1)``); Newton returns ``t`` instead of ``tau``, with weights
+    ``[1 + coef · (z - peak - t)]_+ ^ (1/coef)`` (see :func:`_newton_threshold`). Rows without a
+    finite score get ``peak = 0`` and ``tau = +inf`` (``t = +inf``).
     """
     rows, size = z.shape
     if rows == 0:
@@ -299,14 +326,15 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
         valid = top_peak != -math.inf
         top_peak = torch.where(valid, top_peak, torch.zeros_like(top_peak))
         x = top - top_peak
-        if alpha != 2.0:
-            x = x.mul_(part_coef)
-        x = x.clamp_min_(_OUTSIDE)  # -inf (masked) to -2: outside any support, no inf arithmetic
+        if exact:
+            if alpha == 1.5:
+                x = x.mul_(0.5)
+            x = x.clamp_min_(_OUTSIDE)  # -inf (masked) to -2: outside any support, no inf
         if alpha == 2.0:
             part_tau, complete = _sparsemax_threshold(x, whole)
         elif alpha == 1.5:
             part_tau, complete = _entmax15_threshold(x, whole)
-        else:
+        else:  # Newton clamps its gaps itself
             part_tau, complete = _newton_threshold(x, part_coef, iterations, whole)
         part_tau = torch.where(valid, part_tau, torch.full_like(part_tau, math.inf))
         if todo is None:
@@ -322,6 +350,32 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
         found = again.nonzero().squeeze(-1)
         todo = found if todo is None else todo.index_select(0, found)
         k = size if 2 * _GROWTH * k >= size else _GROWTH * k
+
+
+def _log1p_curvature(y: Tensor) -> Tensor:
+    """``(y - log1p(y)) / y²`` for ``y`` in ``(-1, 0]`` (its series below ``|y| = 0.1``)."""
+    small = y.abs() < 0.1
+    series = torch.zeros_like(y)
+    for k in range(9, 1, -1):  # 1/2 - y/3 + y²/4 - ...: error below 0.1^8
+        series = series.mul_(-y).add_(1.0 / k)
+    far = torch.where(small, torch.full_like(y, -0.5), y)
+    return torch.where(small, series, (far - torch.log1p(far)) / (far * far))
+
+
+def _alpha_curvature(p: Tensor, coef: Tensor) -> Tensor:
+    """``B = u² ((1 + y) (y - log1p(y)) / y² - 1)`` on the support of ``p`` (0 elsewhere).
+
+    ``u = z - peak - t`` is the weight's exponent (``p = (1 + y)^(1/coef)``, ``y = coef · u``,
+    recovered from ``p``), so that ``dp/dalpha = s (B - B̄)`` with ``s = p^(2 - alpha)`` and ``B̄``
+    the ``s``-weighted mean of ``B``. This is ``(-p log p + s (z - dtau/dalpha)) / coef`` with the
+    ``O(coef)`` cancellation of that form done analytically: near ``alpha = 1`` (and for large
+    scores) the direct form loses ``|z| / coef`` ulps; ``B -> -u² / 2`` in the softmax limit.
+    """
+    inside = p > 0
+    y = torch.expm1(coef * torch.log(torch.where(inside, p, torch.ones_like(p))))
+    u = y / coef
+    bent = _log1p_curvature(y).mul_(y + 1).sub_(1)
+    return torch.where(inside, u * u * bent, torch.zeros_like(p))
 
 
 class _Entmax(torch.autograd.Function):
@@ -344,24 +398,18 @@ class _Entmax(torch.autograd.Function):
             # (0.5 (z - peak) - tau)^2 = 0.25 ((z - peak) - 2 tau)^2, exactly (powers of 2).
             p = gap.sub_(2 * tau).clamp_min_(0)
             p = p.mul_(p).mul_(0.25)
-        else:
-            # [coef (z - peak) - tau]_+^r is proportional to [(z - peak) - tau / coef]_+^r.
-            p = gap.sub_(tau / coef).clamp_min_(0).pow_(1.0 / coef)
+        else:  # tau is Newton's t: [1 + coef (z - peak - t)]_+^r, as exp(r log1p(...)).
+            y = gap.sub_(tau).mul_(coef).clamp_min_(-1.0)
+            p = gap_power(y, 1.0 / coef - 1).mul_(y.add_(1.0))  # exactly 0 outside the support
             total = p.sum(dim=-1, keepdim=True)
             p = p.div_(torch.where(total == 0, torch.ones_like(total), total))
         ctx.exact = exact
-        if ctx.needs_input_grad[1]:
-            ctx.save_for_backward(p, scores, alpha)
-        else:
-            ctx.save_for_backward(p, alpha)
+        ctx.save_for_backward(p, alpha)
         return p
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        if ctx.needs_input_grad[1]:
-            p, scores, alpha = ctx.saved_tensors
-        else:
-            (p, alpha), scores = ctx.saved_tensors, None
+        p, alpha = ctx.saved_tensors
         # s = p^(2 - alpha) on the support, 0 elsewhere: the support indicator for sparsemax.
         if ctx.exact == 2.0:
             s = (p > 0).to(p.dtype)
@@ -376,13 +424,11 @@ class _Entmax(torch.autograd.Function):
         s_grad = s * grad
         mean = s_grad.sum(dim=-1, keepdim=True) / s_total
         grad_alpha = None
-        if scores is not None:
-            inside = p > 0
-            z = torch.where(inside, scores, torch.zeros_like(scores))
-            p_log_p = torch.xlogy(p, p)  # 0 outside the support
-            tau_grad = ((s * z).sum(-1, keepdim=True) - p_log_p.sum(-1, keepdim=True)) / s_total
-            dp_dalpha = (-p_log_p + s * (z - tau_grad)) / (alpha - 1)
-            grad_alpha = (grad * dp_dalpha).sum(dim=-1, keepdim=True).sum_to_size(alpha.shape)
+        if ctx.needs_input_grad[1]:
+            curvature = _alpha_curvature(p, alpha - 1)
+            centred = curvature - (s * curvature).sum(dim=-1, keepdim=True) / s_total
+            # dp/dalpha = s (B - B̄), with B̄ the s-weighted mean of B.
+            grad_alpha = (s_grad * centred).sum(dim=-1, keepdim=True).sum_to_size(alpha.shape)
         # s (grad - mean), in place in the buffer of s * grad.
         grad_scores = s_grad.addcmul_(s, mean, value=-1)
         return grad_scores, grad_alpha, None
@@ -395,15 +441,18 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
     (gradients flow to it). ``alpha = 2`` (sparsemax) and ``1.5`` use exact sort-based
     thresholds; other values Newton's method with at most ``iterations`` steps (a positive int;
     it stops earlier once the threshold is exact to a few ulps, usually after 3 to 8 steps).
+    Half-precision scores (and alpha) are computed in float32 and the weights cast back.
     """
     check_int("iterations", iterations)
-    alpha_t = torch.as_tensor(alpha, dtype=scores.dtype, device=scores.device)
+    work = _upcast(scores)
+    alpha_t = torch.as_tensor(alpha, dtype=work.dtype, device=scores.device)
     readable = alpha_t.device.type != "meta"  # meta tensors (cost estimates) carry no values
     if readable and not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
         raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
     if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax; alpha gets a zero gradient
         return scores + 0 * alpha_t.sum()
-    return _Entmax.apply(scores, alpha_t, iterations)
+    weights: Tensor = _Entmax.apply(work, alpha_t, iterations)
+    return weights.to(scores.dtype)
 
 
 class Sparsemax(Separation):

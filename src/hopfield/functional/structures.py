@@ -15,18 +15,22 @@ asked for and when the structure has them.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.blockwise import blockwise_entmax_attention
-from hopfield.functional.separation import Entmax, Separation, SoftmaxN, Sparsemax
+from hopfield.functional.separation import HALF_DTYPES, Entmax, Separation, SoftmaxN, Sparsemax
 
 Scale = float | Tensor
+Result = tuple[Tensor, Tensor | None]
+_Forward = TypeVar("_Forward", bound=Callable[..., Result])
 
 
 class Structure(nn.Module, ABC):
@@ -75,6 +79,48 @@ def apply_mask(scores: Tensor, mask: Tensor | None) -> Tensor:
     return scores + mask
 
 
+def _float32(scale: Scale, mask: Tensor | None) -> tuple[Scale, Tensor | None]:
+    """A tensor ``scale`` and a float ``mask`` in float32 (boolean masks and numbers as given)."""
+    if isinstance(scale, Tensor):
+        scale = scale.float()
+    if mask is not None and mask.is_floating_point():
+        mask = mask.float()
+    return scale, mask
+
+
+def _cast_back(result: Result, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    out, weights = result
+    return out.to(dtype), None if weights is None else weights.to(dtype)
+
+
+def computed_in_float32(forward: _Forward) -> _Forward:
+    """Run a structure's ``forward(q, k, v, *, scale, mask, ...)`` in float32 for half inputs.
+
+    Float16 scores overflow where ``q kᵀ`` is formed before the scale (a scaled score of 3e4 is
+    an unscaled 2.4e5 for ``E = 64``) and sums over many keys overflow or lose their small
+    terms; the output and weights are cast back to the input dtype. Other dtypes pass unchanged.
+    """
+
+    @functools.wraps(forward)
+    def wrapper(
+        self: Structure,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: Scale,
+        mask: Tensor | None,
+        **options: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        if q.dtype not in HALF_DTYPES:
+            return forward(self, q, k, v, scale=scale, mask=mask, **options)
+        scale, mask = _float32(scale, mask)
+        result = forward(self, q.float(), k.float(), v.float(), scale=scale, mask=mask, **options)
+        return _cast_back(result, q.dtype)
+
+    return cast(_Forward, wrapper)
+
+
 def explicit_association(
     q: Tensor,
     k: Tensor,
@@ -85,7 +131,22 @@ def explicit_association(
     mask: Tensor | None,
     dropout: float,
 ) -> tuple[Tensor, Tensor]:
-    """The reference path: explicit scores ``(B, H, L, S)``, weights, dropout, weighted sum."""
+    """The reference path: explicit scores ``(B, H, L, S)``, weights, dropout, weighted sum.
+
+    Half-precision inputs are computed in float32 (see :func:`computed_in_float32`).
+    """
+    if q.dtype in HALF_DTYPES:
+        scale, mask = _float32(scale, mask)
+        out, weights = explicit_association(
+            q.float(),
+            k.float(),
+            v.float(),
+            separation=separation,
+            scale=scale,
+            mask=mask,
+            dropout=dropout,
+        )
+        return out.to(q.dtype), weights.to(q.dtype)
     weights = separation(apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask))
     dropped = F.dropout(weights, dropout) if dropout > 0 else weights
     return torch.matmul(dropped, v), weights
