@@ -16,6 +16,8 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -124,6 +126,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _installed_version() -> str:
     """The version of the installed distribution (its metadata), else the package's own."""
     from importlib.metadata import PackageNotFoundError, version
@@ -190,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("no", "fp16", "bf16"),
         default=None,
         help="precision of every training run instead of the preset's (fp16 needs a GPU)",
+    )
+    run.add_argument(
+        "--collective-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="under several processes, end the job when one process keeps the others waiting "
+        "this long in a collective (default: $HOPFIELD_COLLECTIVE_TIMEOUT, else 1800)",
     )
     run.add_argument(
         "--stand-in-data",
@@ -345,9 +365,11 @@ def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from hopfield.experiments.runner import run_experiment
     from hopfield.report import build_report
-    from hopfield.training import leave_process_group, process_layout
+    from hopfield.training import COLLECTIVE_TIMEOUT_VARIABLE, leave_process_group, process_layout
 
     _check_preset(args.name, args.preset)
+    if args.collective_timeout is not None:  # read where the process group is set up
+        os.environ[COLLECTIVE_TIMEOUT_VARIABLE] = str(args.collective_timeout)
     path = run_experiment(
         args.name,
         args.preset,

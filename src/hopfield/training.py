@@ -67,6 +67,7 @@ different dropout and masks (process 0, and so a 1-process run, keeps the caller
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import math
@@ -79,6 +80,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -490,6 +492,51 @@ def process_layout() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+#: The environment variable that sets how long a collective (all-reduce, barrier) waits for the
+#: slowest process before the job fails with torch's timeout error, in seconds.
+COLLECTIVE_TIMEOUT_VARIABLE = "HOPFIELD_COLLECTIVE_TIMEOUT"
+#: torch's own default (30 minutes).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective waits for every process: ``$HOPFIELD_COLLECTIVE_TIMEOUT`` seconds
+    (``hopfield run --collective-timeout``), else torch's 30 minutes. A hung process then ends
+    the job with torch's timeout error after that long instead of blocking it. ``ValueError``
+    naming the variable for anything but a positive number."""
+    text = os.environ.get(COLLECTIVE_TIMEOUT_VARIABLE)
+    if text is None:
+        return timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"${COLLECTIVE_TIMEOUT_VARIABLE} must be a positive number of seconds, got {text!r}"
+        )
+    return timedelta(seconds=seconds)
+
+
+@functools.cache
+def warn_if_processes_were_lost() -> bool:
+    """Warn (once) when ``accelerate launch`` was asked for several processes but started one:
+    without ``--multi_gpu`` (GPUs) or ``--multi_cpu`` it runs a single process and says nothing.
+    The sign: accelerate's launcher set ``MASTER_ADDR`` (it does so for more than one process or
+    machine) and no ``WORLD_SIZE`` above 1. Returns whether it warned."""
+    launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in os.environ
+    asked_for_several = "MASTER_ADDR" in os.environ
+    if not (launched_by_accelerate and asked_for_several and process_layout()[1] == 1):
+        return False
+    warnings.warn(
+        "accelerate launch was asked for several processes but this job has one: add "
+        "--multi_gpu (GPUs) or --multi_cpu (CPUs), or launch with torchrun --nproc_per_node N",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return True
+
+
 def leave_process_group(*, exit_status: int | None = None) -> None:
     """End a multi-process run: wait for every process, destroy the default process group and,
     when ``exit_status`` is given, end this process at once with that status. Does nothing in a
@@ -696,17 +743,18 @@ class Trainer:
             raise TypeError("dataset must be sized and indexable (len(dataset), dataset[i])")
         if accelerator is None:
             from accelerate import Accelerator
-            from accelerate.utils import DistributedDataParallelKwargs
+            from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
             ddp = DistributedDataParallelKwargs(
                 find_unused_parameters=config.find_unused_parameters
             )
+            warn_if_processes_were_lost()
             # several processes without a GPU form a gloo group only with accelerate's CPU flag
             several_cpus = process_layout()[1] > 1 and not torch.cuda.is_available()
             accelerator = Accelerator(
                 mixed_precision=config.mixed_precision,
                 cpu=config.cpu or several_cpus,
-                kwargs_handlers=[ddp],
+                kwargs_handlers=[ddp, InitProcessGroupKwargs(timeout=collective_timeout())],
             )
         self.accelerator = accelerator
         self.config = config

@@ -27,7 +27,13 @@ from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.provenance import code_version
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
 from hopfield.experiments.results import Results, RunContext, _json_default
-from hopfield.training import FULL_DISK_ERRORS, DiskFullError, process_layout
+from hopfield.training import (
+    FULL_DISK_ERRORS,
+    DiskFullError,
+    collective_timeout,
+    process_layout,
+    warn_if_processes_were_lost,
+)
 
 RESULTS_FILE = "results.json"
 #: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
@@ -506,13 +512,14 @@ def distributed_state() -> Any:
     """Set up the process group of a multi-process launch (``WORLD_SIZE > 1``) through
     :class:`accelerate.PartialState` and return it; ``None`` for a single process."""
     if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
+        warn_if_processes_were_lost()
         return None
     import torch
     from accelerate import PartialState
 
     # without ``cpu=True`` accelerate on a machine with no GPU keeps every rank a
     # process of its own (no process group), and they all act as the main process
-    return PartialState(cpu=not torch.cuda.is_available())
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=collective_timeout())
 
 
 def reproduce(
