@@ -490,3 +490,16 @@ def test_records_and_checkpoints_belong_to_their_run(
     )
     assert resumed == [True, False]  # other settings: the old checkpoints are not resumed
     assert json.loads((folder / "result.json").read_text())["identity"]["settings"]["lr"] == 2e-3
+
+
+def test_the_opt_paper_preset_uses_the_reference_adam_betas() -> None:
+    """The authors' run_clm.py fixes AdamW's betas at (0.9, 0.95) for OPT ("as per OPT
+    paper"); BERT and ViT keep torch's (0.9, 0.999); ``--set betas=[...]`` overrides."""
+    from dataclasses import replace
+
+    from hopfield.experiments.outliers import Config, _optimiser, resolve
+
+    paper = {s.family: _optimiser(s)["betas"] for s in resolve(Config(scale="paper"))}
+    assert paper == {"bert": (0.9, 0.999), "opt": (0.9, 0.95), "vit": (0.9, 0.999)}
+    (opt,) = resolve(replace(Config(scale="tiny", model="opt"), betas=(0.8, 0.9)))
+    assert opt.betas == (0.8, 0.9)
