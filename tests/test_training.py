@@ -24,6 +24,7 @@ from hopfield.training import (
     latest_checkpoint,
     leave_process_group,
     lr_factor,
+    micro_batch_layout,
     parameter_groups,
     read_log,
 )
@@ -152,8 +153,8 @@ def test_batch_order_is_a_function_of_seed_and_epoch() -> None:
         BatchOrder(3, 4)
     with pytest.raises(ValueError, match="rank"):
         BatchOrder(10, 2, processes=2, rank=2)
-    with pytest.raises(ValueError, match="multiple"):
-        BatchOrder(12, 6, micro_batch_size=4)
+    uneven = BatchOrder(12, 6, micro_batch_size=4)  # 4 does not divide 6: the largest that does
+    assert uneven.micro_batch_size == 3 and uneven.accumulation == 2
     with pytest.raises(ValueError, match="micro"):
         order.indices(0, micro=1)
 
@@ -515,3 +516,28 @@ def test_betas_and_eps_are_checked() -> None:
     with pytest.raises(ValueError, match="eps must be positive"):
         config(eps=0.0)
     assert config(betas=[0, 0.5]).betas == (0.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "micro", "processes", "expected"),
+    [
+        (192, 24, 16, 12),  # OPT paper preset on 2 x 8 GPUs: 12 a process, no accumulation
+        (256, 32, 16, 16),  # BERT
+        (5120, 128, 16, 80),  # ViT: 320 a process, 4 micro-batches of 80
+        (192, 24, 8, 24),  # the preset's own layout is kept
+        (192, None, 3, 64),
+    ],
+)
+def test_any_process_count_that_divides_the_batch_keeps_it(
+    batch: int, micro: int | None, processes: int, expected: int
+) -> None:
+    assert micro_batch_layout(batch, micro, processes) == expected
+    order = BatchOrder(batch * 2, batch, micro, processes=processes, rank=processes - 1)
+    assert order.micro_batch_size * order.accumulation * processes == batch
+
+
+def test_a_process_count_that_cannot_split_the_batch_names_those_that_can() -> None:
+    with pytest.raises(ValueError, match=r"over 8 processes; process counts that can: 1, 2, 4"):
+        micro_batch_layout(4, None, 8)  # the mil-benchmark failure (micro-batch 0)
+    with pytest.raises(ValueError, match="1, 2, 3, 6"):
+        micro_batch_layout(6, 2, 4)

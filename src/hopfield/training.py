@@ -91,6 +91,7 @@ from torch.utils.data import default_collate
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT_VARIABLE",
     "FULL_DISK_ERRORS",
     "OPTIMIZERS",
     "SCHEDULES",
@@ -100,13 +101,16 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingConfig",
+    "collective_timeout",
     "latest_checkpoint",
     "leave_process_group",
     "lr_factor",
+    "micro_batch_layout",
     "parameter_groups",
     "process_layout",
     "read_log",
     "steps_per_epoch",
+    "warn_if_processes_were_lost",
     "writing",
 ]
 
@@ -131,8 +135,11 @@ class TrainingConfig:
         batch_size: examples per optimiser step, over all processes and accumulated
             micro-batches (the global batch).
         micro_batch_size: examples per forward/backward pass on one process (``None``:
-            ``batch_size / processes``, no accumulation). ``batch_size`` must be a multiple of
-            ``micro_batch_size × processes``; the quotient is the gradient accumulation.
+            ``batch_size / processes``, no accumulation); the quotient ``batch_size /
+            (micro_batch_size × processes)`` is the gradient accumulation. Where it is no
+            integer the micro-batch becomes the largest divisor of the per-process share below
+            it (:func:`micro_batch_layout`); the number of processes must divide
+            ``batch_size``.
         optimizer: ``"adamw"`` (decoupled weight decay) or ``"adam"`` (L2 penalty in the
             gradient, as ``torch.optim.Adam``).
         lr: peak learning rate.
@@ -325,6 +332,29 @@ def parameter_groups(
     return groups
 
 
+def micro_batch_layout(batch_size: int, micro_batch_size: int | None, processes: int) -> int:
+    """The micro-batch each of ``processes`` processes runs so that the global batch stays
+    ``batch_size`` exactly: ``micro_batch_size`` (``None``: ``batch_size / processes``) when
+    ``micro_batch_size × processes`` divides the batch, else the largest divisor of the
+    per-process share ``batch_size / processes`` below it (a layout with more processes than the
+    preset was written for: the accumulation grows, the optimisation is the same).
+
+    A ``ValueError`` naming the process counts that work when ``processes`` does not divide the
+    batch (the global batch is never changed)."""
+    _check_int("batch_size", batch_size, minimum=1)
+    if micro_batch_size is not None:
+        _check_int("micro_batch_size", micro_batch_size, minimum=1)
+    if batch_size % processes:
+        counts = [n for n in range(1, min(batch_size, 64) + 1) if batch_size % n == 0]
+        raise ValueError(
+            f"batch_size ({batch_size}, the global batch) cannot be split evenly over "
+            f"{processes} processes; process counts that can: {', '.join(map(str, counts))}"
+        )
+    share = batch_size // processes
+    wanted = share if micro_batch_size is None else min(micro_batch_size, share)
+    return max(m for m in range(1, wanted + 1) if share % m == 0)
+
+
 class BatchOrder:
     """The examples of every micro-batch: a pure function of ``(seed, epoch)``.
 
@@ -359,14 +389,7 @@ class BatchOrder:
             raise ValueError(
                 f"need processes >= 1 and 0 <= rank < processes, got {processes}, {rank}"
             )
-        _check_int("batch_size", batch_size, minimum=1)
-        micro = batch_size // processes if micro_batch_size is None else micro_batch_size
-        _check_int("micro_batch_size", micro, minimum=1)
-        if batch_size % (micro * processes):
-            raise ValueError(
-                f"batch_size ({batch_size}) must be a multiple of micro_batch_size × processes "
-                f"({micro} × {processes})"
-            )
+        micro = micro_batch_layout(batch_size, micro_batch_size, processes)
         if size < batch_size:
             raise ValueError(
                 f"dataset: {size} examples are fewer than one global batch ({batch_size})"

@@ -164,7 +164,8 @@ class ModelSettings:
     datasets keep their size). Optimiser (:class:`hopfield.training.TrainingConfig`): ``steps``,
     ``batch_size`` (the global batch: examples per optimiser step over all processes),
     ``micro_batch_size`` (examples per forward pass on one process, ``None`` = ``batch_size /
-    processes``; ``batch_size`` must be a multiple of ``micro_batch_size × processes``),
+    processes``; the process count must divide ``batch_size``, and a micro-batch that does not
+    divide the per-process share becomes its largest divisor below it),
     ``lr``, ``weight_decay``, ``betas`` (AdamW's),
     ``decay_norm_weights``, ``schedule``, ``warmup_steps``, ``warmup_start_ratio``,
     ``min_lr_ratio``, ``grad_clip``, ``mixed_precision``. Evaluation: ``eval_batches`` ×
