@@ -738,5 +738,6 @@ register(
         run=run,
         check=check_config,
         paper="Nonparametric Hopfield (Hu et al., ICML 2025) Figs. 6-7 (App. G.5)",
+        single_process=True,
     )
 )

@@ -913,5 +913,6 @@ register(
         run=run,
         check=check_config,
         paper="OutEffHop Fig. 5 (App. D.2); nonparametric Fig. 2 (upper)",
+        single_process=True,
     )
 )

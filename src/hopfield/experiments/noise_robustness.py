@@ -232,5 +232,6 @@ register(
         run=run,
         check=check_config,
         paper="OutEffHop Fig. 6 (App. D.2); nonparametric Fig. 2 (lower)",
+        single_process=True,
     )
 )

@@ -44,6 +44,9 @@ class Experiment:
             experiment cannot run with; the runner calls it before it looks at the output
             folder or creates anything (``None``: the configuration checks itself in
             ``__post_init__``, or anything goes).
+        single_process: the experiment trains nothing and uses no collective: under several
+            processes only the main process runs it (the others wait for its record) instead
+            of every process repeating the same work.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Experiment:
     in_reproduce: bool = True
     tags: tuple[str, ...] = field(default_factory=tuple)
     check: Callable[[Any], object] | None = None
+    single_process: bool = False
 
     def __post_init__(self) -> None:
         missing = [p for p in PRESETS if p not in self.presets]

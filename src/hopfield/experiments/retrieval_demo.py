@@ -387,5 +387,6 @@ register(
         run=run,
         check=check_config,
         paper="illustration of the retrieval dynamics (OutEffHop §2, nonparametric §2)",
+        single_process=True,
     )
 )

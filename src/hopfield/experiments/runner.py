@@ -433,6 +433,9 @@ def run_experiment(
         mixed_precision=mixed_precision,
         stand_in_data=stand_in_data,
     )
+    if experiment.single_process and state is not None and not context.is_main_process:
+        state.wait_for_everyone()  # the main process computes and writes the record
+        return context.out_dir / RESULTS_FILE
     seed_everything(int(getattr(config, "seed", 0)))
     earlier = [] if replaced is not None else earlier_sittings(context.out_dir, planned)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")

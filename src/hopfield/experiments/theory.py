@@ -1308,5 +1308,6 @@ register(
         paper="OutEffHop Lemma 2.1, Thms 3.1-3.4, Cor. 3.2.1, Lemma C.6, App. B.1, §4.1; "
         "Nonparametric Thms 3.1, 3.2, 4.1, Lemma 3.1, Def. 3.2, Cor. 4.1.1-4.1.3, Lemma 4.1, "
         "Prop. 4.1; Hyper-SET Eqs. 7, 10, Tables 18-19, §3, §3.3",
+        single_process=True,
     )
 )
