@@ -19,6 +19,7 @@ from hopfield.training import (
     BatchOrder,
     DiskFullError,
     MaxAbsMonitor,
+    MicroBatchSampler,
     Trainer,
     TrainingConfig,
     latest_checkpoint,
@@ -541,3 +542,59 @@ def test_a_process_count_that_cannot_split_the_batch_names_those_that_can() -> N
         micro_batch_layout(4, None, 8)  # the mil-benchmark failure (micro-batch 0)
     with pytest.raises(ValueError, match="1, 2, 3, 6"):
         micro_batch_layout(6, 2, 4)
+
+
+class Reading:
+    """A dataset whose reads happen where the DataLoader runs them (workers or here)."""
+
+    def __init__(self) -> None:
+        self.examples = data()
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.examples[i]
+
+
+def test_data_workers_feed_the_same_steps_and_resume_exactly(tmp_path: Path) -> None:
+    """Two DataLoader workers give bitwise the weights and log of reading in the step, and a
+    run stopped with workers resumes to the same end (the sampler starts at the resumed step)."""
+
+    def run(out: Path, workers: int, until: int | None = None) -> Trainer:
+        torch.manual_seed(0)
+        cfg = config(num_workers=workers, checkpoint_every=3)
+        job = Trainer(Net(), Reading(), loss_fn, cfg, out, progress=False)
+        job.fit(until_step=until)
+        return job
+
+    inline, threaded = run(tmp_path / "inline", 0), run(tmp_path / "workers", 2)
+    for name, value in threaded.model.state_dict().items():
+        assert torch.equal(value, inline.model.state_dict()[name]), name
+    assert read_log(tmp_path / "workers") == read_log(tmp_path / "inline")
+    run(tmp_path / "cut", 2, until=5)
+    resumed = run(tmp_path / "cut", 2)
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, inline.model.state_dict()[name]), name
+    with pytest.raises(ValueError, match="num_workers"):
+        TrainingConfig(max_steps=1, num_workers=-1)
+
+
+def test_the_micro_batch_sampler_follows_the_batch_order() -> None:
+    order = BatchOrder(24, 8, micro_batch_size=2, seed=3, processes=2, rank=1)
+    sampler = MicroBatchSampler(order, 1, 3)
+    expected = [order.indices(s, m) for s in (1, 2) for m in range(order.accumulation)]
+    assert list(sampler) == expected and len(sampler) == 4
+    with pytest.raises(ValueError, match="start"):
+        MicroBatchSampler(order, 3, 1)
+
+
+def test_a_runs_data_workers_reach_every_training_config(tmp_path: Path) -> None:
+    from hopfield.cli import main
+    from hopfield.experiments.results import RunContext
+
+    ctx = RunContext(tmp_path, data_workers=3)
+    assert ctx.training_config(max_steps=1).num_workers == 3
+    assert ctx.training_config(max_steps=1, num_workers=1).num_workers == 1  # an experiment's own
+    with pytest.raises(SystemExit):
+        main(["run", "retrieval-demo", "--preset", "tiny", "--data-workers", "-1"])

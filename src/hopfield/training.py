@@ -66,6 +66,7 @@ different dropout and masks (process 0, and so a 1-process run, keeps the caller
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import json
@@ -87,7 +88,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, Sampler, default_collate
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "BatchOrder",
     "DiskFullError",
     "MaxAbsMonitor",
+    "MicroBatchSampler",
     "TrainResult",
     "Trainer",
     "TrainingConfig",
@@ -172,6 +174,13 @@ class TrainingConfig:
             finish.
         find_unused_parameters: let DDP handle parameters that get no gradient in a step.
         cpu: force the CPU even where a GPU is present.
+        num_workers: worker processes that read and collate each process's micro-batches ahead
+            of the step (``torch.utils.data.DataLoader``; ``0``: read in the training process,
+            in the step). The examples of every step are the same either way; a dataset that
+            draws random numbers in ``__getitem__`` (augmentation) draws them from the workers'
+            generators, seeded from ``seed``, the step a sitting starts at and the rank.
+        pin_memory: page-locked batches for faster copies to a GPU (``None``: on CUDA only).
+        prefetch_factor: micro-batches each worker reads ahead (with ``num_workers > 0``).
     """
 
     max_steps: int | None = None
@@ -202,6 +211,9 @@ class TrainingConfig:
     stop_after: int | None = None
     find_unused_parameters: bool = False
     cpu: bool = False
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    prefetch_factor: int = 2
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -224,6 +236,8 @@ class TrainingConfig:
             _check_int(name, value, minimum=1)
         _check_int("warmup_steps", self.warmup_steps, minimum=0)
         _check_int("patience", self.patience, minimum=0)
+        _check_int("num_workers", self.num_workers, minimum=0)
+        _check_int("prefetch_factor", self.prefetch_factor, minimum=1)
         for name in ("checkpoint_every", "log_every", "eval_every"):
             value = getattr(self, name)
             if value != "epoch":
@@ -420,6 +434,27 @@ class BatchOrder:
         width = self.micro_batch_size
         start = offset * self.batch_size + (micro * self.processes + self.rank) * width
         return self._perm[start : start + width].tolist()
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """The example indices of this process's micro-batches from optimiser step ``start`` to
+    ``end`` (exclusive), in training order (:meth:`BatchOrder.indices`): the ``batch_sampler``
+    of the :class:`~torch.utils.data.DataLoader` that feeds :class:`Trainer`."""
+
+    def __init__(self, order: BatchOrder, start: int, end: int) -> None:
+        if not 0 <= start <= end:
+            raise ValueError(f"need 0 <= start <= end, got start={start}, end={end}")
+        self.order, self.start, self.end = order, start, end
+
+    def __len__(self) -> int:
+        return (self.end - self.start) * self.order.accumulation
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # a copy, so the permutation cache of a worker-side order never races the trainer's
+        order = copy.copy(self.order)
+        for step in range(self.start, self.end):
+            for micro in range(order.accumulation):
+                yield order.indices(step, micro)
 
 
 class MaxAbsMonitor:
@@ -812,6 +847,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.step = 0
+        self._feed: Iterator[Any] = iter(())  # the micro-batches of a fit (_batches)
         self._sums: dict[str, float] = {"steps": 0}
         self._selection: dict[str, Any] = {"best": None, "step": None, "metrics": {}, "bad": 0}
         self._best_state: dict[str, Tensor] | None = None
@@ -957,11 +993,27 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------
 
+    def _batches(self, end: int) -> Iterator[Any]:
+        """This process's micro-batches from the current step to ``end``, collated (by
+        ``num_workers`` worker processes ahead of the step, or here when it is 0)."""
+        cfg = self.config
+        pin = torch.cuda.is_available() if cfg.pin_memory is None else cfg.pin_memory
+        seed = (cfg.seed * 1_000_003 + self.step) * 1_009 + self.accelerator.process_index
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=MicroBatchSampler(self.order, self.step, end),
+            collate_fn=self.collate_fn,
+            num_workers=cfg.num_workers,
+            pin_memory=pin and self.accelerator.device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed % 2**63),  # not the global RNG
+            prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,
+        )
+        return iter(loader)
+
     def _batch(self, micro: int) -> Any:
         from accelerate.utils import send_to_device
 
-        examples = [self.dataset[i] for i in self.order.indices(self.step, micro)]
-        return send_to_device(self.collate_fn(examples), self.accelerator.device)
+        return send_to_device(next(self._feed), self.accelerator.device, non_blocking=True)
 
     def _write_log(self) -> None:
         if self.accelerator.is_main_process:
@@ -1096,6 +1148,7 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
+        self._feed = self._batches(end)
         try:
             while self.step < end and not stopped:
                 stopped = self._one_step(bar)
@@ -1104,6 +1157,7 @@ class Trainer:
                     self.save_checkpoint()
         finally:
             self.monitor.active = False
+            self._feed = iter(())  # ends the data workers
             if bar is not None:
                 bar.close()
         if cfg.select_metric is not None and cfg.restore_best and self._best_state is not None:

@@ -94,6 +94,9 @@ class RunContext:
             shapes instead of stopping (``hopfield run --stand-in-data``: proves a paper preset
             runs on a machine without its corpus; the numbers mean nothing). An experiment that
             uses stand-in data says so in a note.
+        data_workers: DataLoader worker processes per training process that read the
+            micro-batches ahead of the step (``hopfield run --data-workers``; ``0``: read in
+            the step). The examples of every step, and so the results, stay the same.
 
     Every process of a ``torchrun``/``accelerate launch`` job runs the experiment; only the main
     process writes files (:meth:`save_json`, :meth:`save_figure`), and :attr:`rank` and
@@ -108,6 +111,7 @@ class RunContext:
     micro_batch_size: int | None = None
     mixed_precision: str | None = None
     stand_in_data: bool = False
+    data_workers: int = 0
 
     def __post_init__(self) -> None:
         from hopfield.training import process_layout
@@ -127,10 +131,11 @@ class RunContext:
 
     def training_config(self, **settings: Any) -> Any:
         """A :class:`hopfield.training.TrainingConfig` of ``settings`` with this run's limits
-        (``stop_after``, ``micro_batch_size``, ``mixed_precision``) applied; experiments build
-        theirs with it."""
+        (``stop_after``, ``micro_batch_size``, ``mixed_precision``) and its ``data_workers``
+        (``num_workers``) applied; experiments build theirs with it."""
         from hopfield.training import TrainingConfig
 
+        settings.setdefault("num_workers", self.data_workers)
         if self.stop_after is not None:
             settings["stop_after"] = self.stop_after
         if self.micro_batch_size is not None:

@@ -364,6 +364,7 @@ def run_experiment(
     mixed_precision: str | None = None,
     stand_in_data: bool = False,
     overwrite: bool = True,
+    data_workers: int = 0,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -379,7 +380,7 @@ def run_experiment(
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
     seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
-    ``mixed_precision`` and ``stand_in_data`` apply to every training run (see
+    ``mixed_precision``, ``stand_in_data`` and ``data_workers`` apply to every training run (see
     :class:`RunContext`).
 
     The record names the configuration fields that differ from the preset's (``overrides``:
@@ -432,6 +433,7 @@ def run_experiment(
         micro_batch_size=micro_batch_size,
         mixed_precision=mixed_precision,
         stand_in_data=stand_in_data,
+        data_workers=data_workers,
     )
     if experiment.single_process and state is not None and not context.is_main_process:
         state.wait_for_everyone()  # the main process computes and writes the record
