@@ -116,34 +116,27 @@ def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_type(
+    kind: Callable[[str], float], lowest: float, wanted: str
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind(text)`` when it is finite and at least ``lowest``, else an
+    error saying ``expected {wanted}``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= lowest):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int = _number_type(int, 1, "a positive integer")
+_non_negative_int = _number_type(int, 0, "an integer >= 0")
+_positive_float = _number_type(float, math.ulp(0.0), "a positive number")
 
 
 def _installed_version() -> str:
@@ -510,13 +503,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing is None:
             raise
         _exit(USAGE_ERROR, args.command, _missing_extra_line(args, *missing))
-    except OSError as error:  # a full disk: the run so far is kept; the line names the file
+    except OSError as error:
         from hopfield.training import FULL_DISK_ERRORS, DiskFullError
 
-        if error.errno not in FULL_DISK_ERRORS:
+        if error.errno in FULL_DISK_ERRORS:  # the run so far is kept; the line names the file
+            line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
+            _exit(DISK_FULL, args.command, line)
+        if not isinstance(error, _user_errors()):  # a missing dataset is an OSError too
             raise
-        line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
-        _exit(DISK_FULL, args.command, line)
+        _exit(USAGE_ERROR, args.command, str(error))
     except KeyboardInterrupt as stop:
         folder = _stopped_in(args, stop)
         if folder is None:
