@@ -276,6 +276,7 @@ def test_the_doc_renders_the_protocol_then_the_record(tiny_record: Path, tmp_pat
     assert "No recorded run yet" in empty and "stage 1: vanilla `sink_mass` ≥ 0.5" in empty
     page = oba.render_doc(tiny_record.parent)
     assert "## Results" in page and "curves_wikitext.png" in page and "the validity gate" in page
+    assert "What the data suggest next" in page and "(stage 1 fails)" in page
     assert oba.main([str(tiny_record.parent), str(tmp_path / "page.md")]) == 0
     assert (tmp_path / "page.md").read_text() == page
 

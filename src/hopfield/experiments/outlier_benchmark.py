@@ -436,13 +436,22 @@ _TINY = Config(
     eval_every=2, eval_batch_size=8, calib_batches=1,
 )  # fmt: skip
 
-#: CPU preset (``small``): 9 arms × 6 seeds × 2 tasks = 108 runs. Sized from the pilot of
-#: 2026-11-27 (see docs/outlier-benchmark.md, "Sizing"): TODO-filled below by the pilot.
-_SMALL = Config()
+#: CPU preset (``small``): 9 arms × 6 seeds × 2 tasks = 108 runs of 1,500 steps (batch 64,
+#: T = 32, d = 64, 2 layers, 1 head). AdamW at 1e-3, not Guo et al.'s 3e-4: in the pilot (one
+#: vanilla Bigram-Backcopy seed, not recorded) 3e-4 reached a sink mass of 0.55 after 1,000 steps
+#: at T = 64, still rising, and 1e-3 reached 0.73 at T = 32 (ReLU attention: 0.02).
+#: Estimate: one run costs 48 CPU-seconds on Bigram-Backcopy and 113 on the LM (pilot of
+#: 2026-11-27, one thread, training and every measurement), 8,700 CPU-seconds in all: about
+#: 1.2 h on 2 dedicated cores, 1.5–2 h under ``torchrun --nproc_per_node 2`` with its
+#: per-step communication and the measurements repeated on both processes.
+_SMALL = Config(seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256)
 
-#: GPU preset (``gpu`` and ``paper``): Guo et al.'s Bigram-Backcopy recipe (d = 256, one head,
-#: AdamW 3e-4, weight decay 1e-4, batch 512) cut to fit 8 minutes on one H100 with a larger
-#: fixed-BOS LM, in bf16.
+#: GPU preset (``gpu`` and ``paper``): Guo et al.'s Bigram-Backcopy model and optimiser (d = 256,
+#: one head, AdamW 3e-4, weight decay 1e-4, batch 512) for 1,000 of their 10,000 steps, and a
+#: larger fixed-BOS LM, in bf16. ``hopfield plan`` prices it at 1.16e17 FLOPs, 0.082 H100
+#: GPU-hours (4.9 min) at a model-FLOPs utilisation of 0.4; models this small reach far less, and
+#: no device was lent while it was written, so time one run first and cut ``steps`` to fit
+#: 8 minutes before a recorded run.
 _GPU = Config(
     d_model=256, num_layers=2, num_heads=1, ffn_size=1024, seq_len=128, lm_vocab=8192,
     train_sequences=200_000, eval_sequences=1024, steps=1000, batch_size=512, eval_every=100,

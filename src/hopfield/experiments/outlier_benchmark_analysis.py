@@ -371,6 +371,7 @@ def render_doc(results_dir: Path | str, protocol: Mapping[str, Any] | None = Non
               f"{record.get('processes', 1)} process(es), wall time "
               f"{record['wall_time_s'] / 3600:.2f} h.", ""]  # fmt: skip
     lines += _verdict_lines(record, verdicts)
+    lines += _next_steps(record["results"]["metrics"])
     for name in results.figures:
         lines += ["", f"![{name}](../results/outlier-benchmark/{name})"]
     for table in results.tables:
@@ -418,6 +419,18 @@ token's); average kurtosis and maximum infinity norm as `hopfield.outliers` defi
 outputs, attention output projections, FFN outputs); fake-quantization cost at W8A8, W6A6 and
 W4A8 with per-tensor and per-token activations (`quantize_w8a8`; the attention probabilities of
 this model are not quantized).
+
+## Sizing of the CPU preset (a pilot, not a result)
+
+One vanilla seed per task at the `small` settings (1,500 steps, batch 64, T = 32, d = 64, two
+layers, one head, AdamW 1e-3), 27 Nov, not recorded and not read by any verdict: Bigram-Backcopy
+took 48 CPU-seconds and ended with a sink mass of 0.73 in layer 2 (value norm 0.15 × the median,
+residual peak 1.6, W8A8 cost 0.006 %); the fixed-BOS LM took 113 CPU-seconds with a sink mass
+of 0.13 (residual peak 2.1, W8A8 cost 0.23 %). ReLU attention on Bigram-Backcopy (1,000 steps)
+ended at 0.02, SGD (lr 0.1, momentum 0.9) at 0.63. At 3e-4 (Guo et al.'s rate) the sink mass was
+0.55 after 1,000 steps at T = 64 and still rising, hence 1e-3 on the CPU. The 108 runs
+(9 arms × 6 seeds × 2 tasks) come to about 8,700 CPU-seconds: 1.5–2 h under
+`torchrun --nproc_per_node 2`.
 """
 
 
@@ -465,6 +478,34 @@ def _verdict_lines(record: Mapping[str, Any], verdicts: Mapping[str, str]) -> li
             gate = "passes" if metrics[key] >= 1 else "fails"
             lines.append(f"- {task}, {part}: the validity gate {gate}. {tags}".rstrip())
     return lines
+
+
+#: What a failed stage suggests doing next (part, stage) -> sentence.
+_NEXT = {
+    ("sink", 1): "vanilla formed no sink: train on more tokens (Gu et al. find no sink below "
+    "roughly 50–100 M unique tokens in their LM) — the `gpu` preset, Guo et al.'s full "
+    "Bigram-Backcopy recipe — before changing the attention.",
+    ("sink", 2): "a sink formed but no control removed it: check the controls' training (their "
+    "final loss in the arm table) before reading anything into Softmax_1.",
+    ("outliers", 1): "the sink formed without massive activations or a W8A8 cost: the residual "
+    "peak needs longer Adam training (Guo et al.'s peak grows after the sink); the `gpu` preset "
+    "trains 512 sequences a step.",
+    ("outliers", 2): "the outliers formed but no control removed them: compare the SGD arms "
+    "(Kaul et al.: the optimiser drives outliers) in the optimizer-axis table.",
+}
+
+
+def _next_steps(metrics: Mapping[str, float]) -> list[str]:
+    """For every task and part whose gate fails, the next step its failing stage suggests."""
+    lines = []
+    for task in TASK_TAGS:
+        for part in ("sink", "outliers"):
+            if metrics.get(f"{task}/{part}/gate_passed", 1.0) >= 1:
+                continue
+            stage = 1 if metrics.get(f"{task}/{part}/stage1", 0.0) < 1 else 2
+            lines.append(f"- Next step for {task}, {part} (stage {stage} fails): "
+                         f"{_NEXT[(part, stage)]}")  # fmt: skip
+    return ["", "### What the data suggest next", "", *lines] if lines else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
