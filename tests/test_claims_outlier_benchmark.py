@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,21 @@ def _runs(task: str, vanilla: list[float], softmax1: list[float]) -> dict[str, d
     return out
 
 
-def _judge(root: Path, gates: dict[str, tuple[float, float]], runs: dict) -> dict[str, dict]:
+def _judge(
+    root: Path, gates: dict[str, tuple[float, float]], runs: dict, seeds: int = 6
+) -> dict[str, dict]:
     """Ledger records from an outlier-benchmark record with ``gates``: ``task/part`` ->
     (stage 1, stage 2) outcomes."""
     metrics = {}
     for key, (first, second) in gates.items():
         metrics.update({f"{key}/stage1": first, f"{key}/stage2": second,
                         f"{key}/gate_passed": float(first and second)})  # fmt: skip
-    write_record(root, "outlier-benchmark", metrics=metrics, side={"runs.json": {"runs": runs}})
+    side = {"runs.json": {"protocol": {"seeds_per_arm": 6}, "runs": runs}}
+    write_record(root, "outlier-benchmark", metrics=metrics, side=side)
+    path = root / "outlier-benchmark" / "results.json"
+    record = json.loads(path.read_text())
+    record["config"] = {"seeds": seeds}
+    path.write_text(json.dumps(record))
     return {r["id"]: r for r in evaluate(root)}
 
 
@@ -69,3 +77,10 @@ def test_every_benchmark_claim_names_the_experiment() -> None:
     bench = [c for c in CLAIMS if "-bench-" in c.id]
     assert len(bench) == 8
     assert all(c.experiment == "outlier-benchmark" and c.direction == "lower" for c in bench)
+
+
+def test_fewer_seeds_than_the_protocol_test_nothing(tmp_path: Path) -> None:
+    runs = _runs("bigram_backcopy", VANILLA[:3], [v - 0.3 for v in VANILLA[:3]])
+    ledger = _judge(tmp_path, {"bigram_backcopy/sink": (1.0, 1.0)}, runs, seeds=3)
+    sink = ledger["OEH-S2.1-sink-bench-bb"]
+    assert sink["verdict"] == "not tested at this scale" and "fewer than the 6" in sink["note"]

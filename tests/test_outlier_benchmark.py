@@ -254,8 +254,10 @@ def test_tiny_preset_records_every_run_with_its_commit(tiny_record: Path) -> Non
     record = json.loads((tiny_record / "results.json").read_text())
     names = [t["name"] for t in record["results"]["tables"]]
     assert "Validity gate (stages 1 and 2)" in names and "Optimizer axis (Kaul et al.)" in names
+    assert "Per layer and head on wikitext" in names
     assert record["results"]["figures"] == ["curves_bigram_backcopy.png", "curves_wikitext.png"]
     assert not (tiny_record / "train").exists()
+    assert any("not a protocol run" in note for note in record["results"]["notes"])
 
 
 def test_tiny_rerun_reuses_the_finished_runs(

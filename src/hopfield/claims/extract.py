@@ -597,7 +597,8 @@ def benchmark_pairs(
     ``task`` (``runs.json``), only where the record's staged validity gate for ``part``
     (``"sink"`` or ``"outliers"``) passes (``<task>/<part>/gate_passed``); otherwise the premise
     is absent and the claim is not tested: stage 1 (vanilla formed no sink or outliers) or stage
-    2 (no positive control removed them) failed."""
+    2 (no positive control removed them) failed. A run of fewer seeds than the protocol fixes
+    (``runs.json``'s ``protocol``) tests nothing."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         prefix = f"{task}/{part}"
@@ -607,7 +608,14 @@ def benchmark_pairs(
             else:
                 why = f"no positive control removed the {part} phenomenon on {task} (stage 2)"
             raise NotTested(f"the validity gate of outlier-benchmark fails: {why}")
-        runs = record.side("runs.json")["runs"]
+        stored = record.side("runs.json")
+        fixed = int(stored["protocol"]["seeds_per_arm"])
+        if int(record.config.get("seeds", 0)) < fixed:
+            raise NotTested(
+                f"outlier-benchmark ran {record.config.get('seeds')} seeds per arm, fewer than "
+                f"the {fixed} its protocol fixes"
+            )
+        runs = stored["runs"]
 
         def samples(name: str) -> Samples:
             return {

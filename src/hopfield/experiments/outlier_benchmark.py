@@ -309,11 +309,12 @@ def measure(model: nn.Module, held_out: Tensor, config: Config) -> dict[str, Any
 
 def _curve_point(batch: Tensor) -> Callable[[nn.Module], dict[str, float]]:
     def evaluate(model: nn.Module) -> dict[str, float]:
-        summary = _summary(_extremes(model, [batch]))
+        tokens = batch.to(next(model.parameters()).device)
+        summary = _summary(_extremes(model, [tokens]))
         return {
             "sink_mass": summary["sink_mass"],
             "residual_peak": summary["residual_peak"],
-            "loss": float(next_token_loss(model, batch)),
+            "loss": float(next_token_loss(model, tokens)),
         }
 
     return evaluate
@@ -423,6 +424,11 @@ def run(config: Config, ctx: RunContext) -> Results:
     runs = _train_all(config, ctx, protocol)
     results = analysis.report(config.tasks, config.arms, runs, protocol, ctx)
     results.notes.append(f"Code commit: {code_commit()}.")
+    if config.seeds < protocol["seeds_per_arm"]:
+        results.notes.append(
+            f"{config.seeds} seeds per arm, fewer than the {protocol['seeds_per_arm']} the "
+            "protocol fixes: not a protocol run; the ledger reads no claim from it."
+        )
     return results
 
 
@@ -444,7 +450,9 @@ _TINY = Config(
 #: 2026-11-27, one thread, training and every measurement), 8,700 CPU-seconds in all: about
 #: 1.2 h on 2 dedicated cores, 1.5–2 h under ``torchrun --nproc_per_node 2`` with its
 #: per-step communication and the measurements repeated on both processes.
-_SMALL = Config(seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256)
+_SMALL = Config(
+    seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256, lm_vocab=1024
+)
 
 #: GPU preset (``gpu`` and ``paper``): Guo et al.'s Bigram-Backcopy model and optimiser (d = 256,
 #: one head, AdamW 3e-4, weight decay 1e-4, batch 512) for 1,000 of their 10,000 steps, and a

@@ -233,6 +233,31 @@ _READINGS = {
 }
 
 
+def layer_table(runs: Runs, task: str, arms: Sequence[str]) -> Table:
+    """Per layer and head: medians over seeds of the sink mass and the value-norm ratio, and per
+    layer of the residual peak."""
+    rows = []
+    for arm in arms:
+        chosen = [r["per_layer"] for r in runs.values() if r["task"] == task and r["arm"] == arm]
+        if not chosen:
+            continue
+        for layer, heads in enumerate(chosen[0]["sink_mass"]):
+            peak = statistics.median(c["residual_peak"][layer] for c in chosen)
+            for head in range(len(heads)):
+                rows.append([
+                    arm, layer, head,
+                    statistics.median(c["sink_mass"][layer][head] for c in chosen),
+                    statistics.median(c["value_ratio"][layer][head] for c in chosen),
+                    peak,
+                ])  # fmt: skip
+    return Table(
+        name=f"Per layer and head on {task}",
+        columns=["arm", "layer", "head", "sink mass", "value norm / median", "residual peak"],
+        rows=rows,
+        caption="Medians over seeds; the residual peak is the block output's (one per layer).",
+    )
+
+
 def _comparison_row(label: list[Any], result: PairedComparison | None) -> list[Any]:
     if result is None:
         return [*label, 0, None, None, None, "not trained"]
@@ -254,6 +279,7 @@ def report(
     for task in tasks:
         results.tables.append(arm_table(runs, task, arms))
         results.tables.append(quant_table(runs, task, arms))
+        results.tables.append(layer_table(runs, task, arms))
         for name, part in protocol["parts"].items():
             first = stage1(runs, task, part, protocol["rival"])
             second = stage2(runs, task, part, protocol["alpha"], protocol["rival"])
@@ -337,7 +363,8 @@ def curve_figures(
             axis.set_xlabel("step")
             axis.set_ylabel(label)
         axes[1].set_yscale("log")
-        axes[0].legend(fontsize=7)
+        if axes[0].lines:
+            axes[0].legend(fontsize=7)
         figure.suptitle(f"{task}: mean over seeds on a held-out batch")
         figure.tight_layout()
         names.append(ctx.save_figure(figure, f"curves_{task}.png"))

@@ -85,12 +85,15 @@ class SinkLMConfig:
 Capture = dict[str, Tensor]
 
 
-def _separation(config: SinkLMConfig) -> Separation:
+def _separation(config: SinkLMConfig) -> Separation | None:
+    """The separation map of the maps that are one (``None`` for ReLU and the extra-slot maps)."""
     if config.attention == "softmax1":
         return SoftmaxN(1.0)
     if config.attention == "clipped":
         return ClippedSoftmax(gamma=config.clip_gamma, zeta=config.clip_zeta)
-    return Softmax()
+    if config.attention in ("softmax", "gated"):
+        return Softmax()
+    return None
 
 
 class SinkAttention(nn.Module):
@@ -134,17 +137,17 @@ class SinkAttention(nn.Module):
         allowed = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         masked = scores.masked_fill(~allowed, -torch.inf)
         extra_out = None
-        if self.kind == "relu":
+        if self.separation is not None:
+            weights = self.separation(masked)
+        elif self.kind == "relu":
             weights = torch.relu(scores) * allowed / length
         elif self.kind == "sink_logit":
             logit = self.sink_logit.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
             _, weights = self._with_slot(logit.to(scores.dtype), masked)
-        elif self.kind == "kv_bias":
+        else:  # kv_bias
             extra = (q * self.key_bias[None, :, None, :]).sum(-1, keepdim=True) * scale
             slot, weights = self._with_slot(extra, masked)
             extra_out = slot * self.value_bias[None, :, None, :]
-        else:
-            weights = self.separation(masked)
         out = torch.matmul(weights, v)
         if extra_out is not None:
             out = out + extra_out
