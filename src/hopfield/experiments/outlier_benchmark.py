@@ -446,10 +446,11 @@ _TINY = Config(
 #: T = 32, d = 64, 2 layers, 1 head). AdamW at 1e-3, not Guo et al.'s 3e-4: in the pilot (one
 #: vanilla Bigram-Backcopy seed, not recorded) 3e-4 reached a sink mass of 0.55 after 1,000 steps
 #: at T = 64, still rising, and 1e-3 reached 0.73 at T = 32 (ReLU attention: 0.02).
-#: Estimate: one run costs 48 CPU-seconds on Bigram-Backcopy and 113 on the LM (pilot of
-#: 2026-11-27, one thread, training and every measurement), 8,700 CPU-seconds in all: about
-#: 1.2 h on 2 dedicated cores, 1.5–2 h under ``torchrun --nproc_per_node 2`` with its
-#: per-step communication and the measurements repeated on both processes.
+#: Estimate: one run costs 48 CPU-seconds on Bigram-Backcopy and 86 on the LM (vocabulary
+#: 1,024; pilot of 2026-11-27, one thread, training and every measurement), 7,200 CPU-seconds in
+#: all: 1.0 h on 2 dedicated cores, 1.3–2 h under ``torchrun --nproc_per_node 2`` with its
+#: per-step communication and the measurements repeated on both processes (more on cores that
+#: other jobs share).
 _SMALL = Config(
     seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256, lm_vocab=1024
 )
