@@ -291,6 +291,12 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         run_experiment("outlier-benchmark", "tiny", tmp_path, overrides={"arms": '["nope"]'})
     with pytest.raises(ConfigError, match="eval_sequences"):
         run_experiment("outlier-benchmark", "tiny", tmp_path, overrides={"eval_sequences": "2"})
+    with pytest.raises(ConfigError, match="schedule"):
+        run_experiment("outlier-benchmark", "tiny", tmp_path, overrides={"schedule": "step"})
+    short = {"text_max_lines": "4", "tasks": '["wikitext"]', "eval_sequences": "64",
+             "eval_batch_size": "64"}  # fmt: skip
+    with pytest.raises(ValueError, match="held-out sequences"):
+        run_experiment("outlier-benchmark", "tiny", tmp_path, data_dir=DATA, overrides=short)
 
 
 def test_the_trainer_offers_sgd_with_momentum(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.experiments.checks import check_ints, check_subset, config_errors
+from hopfield.experiments.checks import check_choice, check_ints, check_subset, config_errors
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext
 from hopfield.models.sink_lm import SinkLM, SinkLMConfig
@@ -60,6 +60,7 @@ from hopfield.outliers import (
     sink_rate,
     value_norm_ratio,
 )
+from hopfield.training import SCHEDULES
 
 __all__ = [
     "ARMS",
@@ -185,6 +186,8 @@ def check_config(config: Config) -> None:
     for name in ("lr", "sgd_lr", "bb_alpha"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{name} must be positive, got {getattr(config, name)!r}")
+    check_choice("schedule", config.schedule, SCHEDULES)
+    check_choice("mixed_precision", config.mixed_precision, ("no", "fp16", "bf16"))
     if config.eval_sequences < config.eval_batch_size:
         raise ConfigError(
             f"eval_sequences ({config.eval_sequences}) must be >= eval_batch_size "
@@ -224,6 +227,11 @@ def task_data(config: Config, task: str, data_dir: Any) -> tuple[Tensor, Tensor,
                 config.eval_sequences, config.text_max_lines or None,
             )  # fmt: skip
             vocab = config.lm_vocab
+        if held.shape[0] < config.eval_batch_size:
+            raise ValueError(
+                f"{task}: {held.shape[0]} held-out sequences, fewer than eval_batch_size "
+                f"({config.eval_batch_size}); lower it or raise text_max_lines"
+            )
         _DATA.clear()
         _DATA[key] = (train, held, vocab)
     return _DATA[key]
@@ -451,9 +459,7 @@ _TINY = Config(
 #: all: 1.0 h on 2 dedicated cores, 1.3–2 h under ``torchrun --nproc_per_node 2`` with its
 #: per-step communication and the measurements repeated on both processes (more on cores that
 #: other jobs share).
-_SMALL = Config(
-    seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256, lm_vocab=1024
-)
+_SMALL = Config(seq_len=32, lr=1e-3, steps=1500, eval_every=150, eval_sequences=256, lm_vocab=1024)
 
 #: GPU preset (``gpu`` and ``paper``): Guo et al.'s Bigram-Backcopy model and optimiser (d = 256,
 #: one head, AdamW 3e-4, weight decay 1e-4, batch 512) for 1,000 of their 10,000 steps, and a
