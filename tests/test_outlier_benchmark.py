@@ -315,3 +315,12 @@ def test_the_trainer_offers_sgd_with_momentum(tmp_path: Path) -> None:
     assert ob.next_token_loss(trainer.unwrapped, data).item() != before
     with pytest.raises(ValueError, match="momentum"):
         TrainingConfig(max_steps=1, optimizer="sgd", momentum=1.0)
+
+
+def test_the_committed_page_is_generated_from_the_committed_results() -> None:
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "outlier-benchmark.md").read_text()
+    assert page == oba.render_doc(root / "results"), (
+        "docs/outlier-benchmark.md is stale: regenerate with `python -m "
+        "hopfield.experiments.outlier_benchmark_analysis results docs/outlier-benchmark.md`"
+    )

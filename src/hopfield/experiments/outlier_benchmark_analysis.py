@@ -387,8 +387,8 @@ def render_doc(results_dir: Path | str, protocol: Mapping[str, Any] | None = Non
     record_file = folder / "results.json"
     if not record_file.is_file():
         lines += ["", "## Results", "", "No recorded run yet. Run the CPU preset with:", "",
-                  "```", _COMMAND, "```", ""]  # fmt: skip
-        return "\n".join(lines)
+                  "```", _COMMAND, "```"]  # fmt: skip
+        return "\n".join(lines) + "\n"
     record = json.loads(record_file.read_text())
     results = Results.from_dict(record["results"])
     runs = json.loads((folder / "runs.json").read_text())
