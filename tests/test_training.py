@@ -111,7 +111,7 @@ def test_lr_factor_schedules() -> None:
         ("stop_after", 0),
         ("log_every", "week"),
         ("eval_every", -1),
-        ("optimizer", "sgd"),
+        ("optimizer", "lion"),
         ("select_mode", "up"),
         ("patience", -2),
         ("schedule", "step"),

@@ -117,7 +117,7 @@ __all__ = [
 ]
 
 SCHEDULES = ("linear", "cosine", "constant")
-OPTIMIZERS = ("adamw", "adam")
+OPTIMIZERS = ("adamw", "adam", "sgd")
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -142,11 +142,13 @@ class TrainingConfig:
             integer the micro-batch becomes the largest divisor of the per-process share below
             it (:func:`micro_batch_layout`); the number of processes must divide
             ``batch_size``.
-        optimizer: ``"adamw"`` (decoupled weight decay) or ``"adam"`` (L2 penalty in the
-            gradient, as ``torch.optim.Adam``).
+        optimizer: ``"adamw"`` (decoupled weight decay), ``"adam"`` (L2 penalty in the
+            gradient, as ``torch.optim.Adam``) or ``"sgd"`` (``torch.optim.SGD`` with
+            ``momentum``, L2 weight decay; ``betas`` and ``eps`` unused).
         lr: peak learning rate.
         weight_decay: weight decay (see ``optimizer``).
         betas, eps: Adam moments and epsilon.
+        momentum: SGD momentum (``optimizer="sgd"`` only).
         schedule: ``"linear"`` (decay to ``min_lr_ratio · lr`` at the last step), ``"cosine"``
             (half cosine to ``min_lr_ratio · lr``) or ``"constant"``, each after the warm-up; a
             ``schedule`` callable given to :class:`Trainer` replaces it.
@@ -192,6 +194,7 @@ class TrainingConfig:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    momentum: float = 0.0
     schedule: str = "linear"
     warmup_steps: int = 0
     warmup_start_ratio: float = 0.0
@@ -256,6 +259,8 @@ class TrainingConfig:
             raise ValueError("patience needs select_metric (the metric whose improvement counts)")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         for name, ratio in {
@@ -859,6 +864,8 @@ class Trainer:
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         cfg = self.config
         groups = parameter_groups(model, cfg.weight_decay, cfg.decay_norm_weights)
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
         kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         return kind(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 

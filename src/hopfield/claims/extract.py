@@ -18,6 +18,7 @@ from hopfield.claims.claim import Claim, Comparison, Evidence, Extractor, Measur
 from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 
 __all__ = [
+    "benchmark_pairs",
     "combine",
     "convergence_speed",
     "efficiency_flops",
@@ -588,6 +589,45 @@ def formation_variants(
         return [
             pair(f"{old} ({m})", samples(new, m), samples(old, m), new) for new, old, m in pairs
         ]
+
+    return empirical(read)
+
+
+def benchmark_pairs(
+    task: str, part: str, metric: str, *, arm: str = "softmax1", rival: str = "vanilla"
+) -> Extractor:
+    """``arm`` against ``rival`` on ``metric`` over the paired seeds of ``outlier-benchmark``'s
+    ``task`` (``runs.json``), only where the record's staged validity gate for ``part``
+    (``"sink"`` or ``"outliers"``) passes (``<task>/<part>/gate_passed``); otherwise the premise
+    is absent and the claim is not tested: stage 1 (vanilla formed no sink or outliers) or stage
+    2 (no positive control removed them) failed. A run of fewer seeds than the protocol fixes
+    (``runs.json``'s ``protocol``) tests nothing."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        prefix = f"{task}/{part}"
+        if record.metric(f"{prefix}/gate_passed") < 1:
+            if record.metric(f"{prefix}/stage1") < 1:
+                why = f"premise absent: vanilla formed no {part} phenomenon on {task} (stage 1)"
+            else:
+                why = f"no positive control removed the {part} phenomenon on {task} (stage 2)"
+            raise NotTested(f"the validity gate of outlier-benchmark fails: {why}")
+        stored = record.side("runs.json")
+        fixed = int(stored["protocol"]["seeds_per_arm"])
+        if int(record.config.get("seeds", 0)) < fixed:
+            raise NotTested(
+                f"outlier-benchmark ran {record.config.get('seeds')} seeds per arm, fewer than "
+                f"the {fixed} its protocol fixes"
+            )
+        runs = stored["runs"]
+
+        def samples(name: str) -> Samples:
+            return {
+                f"{task} seed {r['seed']}": float(r[metric])
+                for r in runs.values()
+                if r["task"] == task and r["arm"] == name
+            }
+
+        return [pair(rival, samples(arm), samples(rival), arm)]
 
     return empirical(read)
 

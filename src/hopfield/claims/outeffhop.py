@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hopfield.claims.claim import Claim, Evidence, Extractor
+from hopfield.claims.claim import Claim, Evidence, Extractor, NotTested
 from hopfield.claims.extract import (
+    benchmark_pairs,
     combine,
     convergence_speed,
     formation_variants,
@@ -128,17 +129,41 @@ _STANHOP_TABLE1_JOB = "ETTh1 T168→24 outeffhop"
 Pair = tuple[str, str, str]
 
 
+#: OPT claim metrics -> (part, metric) of ``outlier-benchmark``'s fixed-BOS language model.
+_BENCH = {"special_mass": ("sink", "sink_mass"), "avg_kurtosis": ("outliers", "avg_kurtosis"),
+          "max_inf_norm": ("outliers", "max_inf_norm"),
+          "w8a8_degradation": ("outliers", "w8a8_cost_pct")}  # fmt: skip
+
+
+def _bench_lm(pairs: Sequence[Pair]) -> Extractor:
+    """OPT evidence from ``outlier-benchmark``'s OPT-like fixed-BOS LM: Softmax_1 against vanilla
+    on the sink and outlier metrics, under the benchmark's validity gate."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        if any((new, old) != ("softmax1", "softmax") or m not in _BENCH for new, old, m in pairs):
+            raise NotTested(
+                "outlier-benchmark tests Softmax_1 against vanilla attention on the sink and "
+                "outlier metrics only (no clipped or gated Softmax_1 arm, no FP-parity claim)"
+            )
+        return combine(*(benchmark_pairs("wikitext", *_BENCH[m]) for _, _, m in pairs))(record)
+
+    return extract
+
+
 def _opt(pairs: Sequence[Pair], needs_outliers: bool) -> Extractor:
     """OPT evidence from ``outlier-formation`` (its variant names and ``compare.json`` metric
-    names) or from the ``outliers`` study."""
+    names), from the ``outliers`` study, or from ``outlier-benchmark``'s fixed-BOS LM."""
     names = {"max_inf_norm": "max_inf_norm", "avg_kurtosis": "avg_kurtosis", "fp": "fp_ppl",
              "w8a8_degradation": "w8a8_gap_pct", "special_mass": "special_mass"}  # fmt: skip
     formation = formation_variants(
         [(new, old, names[m]) for new, old, m in pairs], needs_outliers=needs_outliers
     )
     study = outlier_variants("opt", pairs, needs_outliers=needs_outliers)
+    bench = _bench_lm(pairs)
 
     def extract(record: ExperimentRecord) -> Evidence:
+        if record.name == "outlier-benchmark":
+            return bench(record)
         return formation(record) if record.name == "outlier-formation" else study(record)
 
     return extract
@@ -165,7 +190,7 @@ def _experiments(model: str) -> tuple[str, tuple[str, ...]]:
     if model == "stanhop":
         return "stanhop-outliers", ()
     if model == "opt":
-        return "outlier-formation", ("outliers", "outliers-opt")
+        return "outlier-formation", ("outliers", "outliers-opt", "outlier-benchmark")
     return "outliers", (f"outliers-{model}",)
 
 
@@ -228,6 +253,37 @@ MECHANISM = [
           also=_experiments(model)[1])
     for model in ("bert", "opt", "vit")
 ]  # fmt: skip
+
+_BENCH_TASKS = {"bb": ("bigram_backcopy", "Bigram-Backcopy"),
+                "lm": ("wikitext", "Fixed-BOS WikiText-2 LM")}  # fmt: skip
+_BENCH_NOTE = ("outlier-benchmark, paired training seeds; judged only where the protocol's staged "
+               "validity gate passes (stage 1: vanilla forms the phenomenon; stage 2: a positive "
+               "control removes it), else not tested (premise absent).")  # fmt: skip
+
+
+def _benchmark(tag: str) -> list[Claim]:
+    """The sink claim and Table 1's outlier claims on one task of ``outlier-benchmark``, split
+    as Kaul et al.'s results suggest: (i) the sink mass, (ii) kurtosis, inf norm, W8A8 cost."""
+    task, name = _BENCH_TASKS[tag]
+    kurt, inf, _, w8a8 = _TABLE1["opt"]
+    rows = [
+        ("S2.1-sink", "§2.1, App. B.1", "Softmax_1 heads put less attention on the sink (BOS) "
+         "token than vanilla heads", "no number", "sink mass of the strongest head", "sink",
+         "sink_mass"),
+        ("T1-kurtosis", "Table 1", "OutEffHop lowers the average kurtosis of vanilla attention",
+         f"{kurt} (OPT)", "avg kurtosis", "outliers", "avg_kurtosis"),
+        ("T1-infnorm", "Table 1", "OutEffHop lowers the maximum infinity norm of vanilla "
+         "attention", f"{inf} (OPT)", "max inf norm", "outliers", "max_inf_norm"),
+        ("T1-w8a8", "Table 1", "W8A8 quantization costs OutEffHop less than vanilla attention",
+         f"{w8a8} (OPT)", "W8A8 cost, % perplexity (per-tensor)", "outliers", "w8a8_cost_pct"),
+    ]  # fmt: skip
+    return [
+        Claim(f"OEH-{what}-bench-{tag}", PAPER, location, f"{name}: {statement}.", value,
+              metric, "lower", "empirical", "outlier-benchmark",
+              benchmark_pairs(task, part, key), note=_BENCH_NOTE)
+        for what, location, statement, value, metric, part, key in rows
+    ]  # fmt: skip
+
 
 STANHOP = [
     Claim("OEH-T2-kurtosis", PAPER, "Table 2",
@@ -301,6 +357,7 @@ CLAIMS: list[Claim] = [
     *MEMORY,
     *MECHANISM,
     *(c for model in ("bert", "opt", "vit", "stanhop") for c in _table1(model)),
+    *(c for tag in _BENCH_TASKS for c in _benchmark(tag)),
     *STANHOP,
     *AGGREGATES,
 ]

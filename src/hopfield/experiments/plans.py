@@ -418,6 +418,43 @@ def outlier_formation_jobs(config: Any) -> list[TrainingJob]:
     return jobs
 
 
+# --- outlier-benchmark --------------------------------------------------------------------------
+
+
+def outlier_benchmark_jobs(config: Any) -> list[TrainingJob]:
+    """Every (task, arm) of ``outlier-benchmark``: its SinkLM trained once per paired seed."""
+    from hopfield.experiments.outlier_benchmark import ARMS, next_token_loss
+    from hopfield.models.sink_lm import SinkLM, SinkLMConfig
+
+    jobs = []
+    for task in config.tasks:
+        vocab = config.bb_vocab if task == "bigram_backcopy" else config.lm_vocab
+
+        def make_batch(n: int, device: torch.device, vocab: int = vocab) -> Batch:
+            return torch.randint(vocab, (n, config.seq_len), device=device)
+
+        for arm in config.arms:
+            model = SinkLMConfig(vocab, config.seq_len, config.d_model, config.num_layers,
+                                 config.num_heads, config.ffn_size, ARMS[arm].attention)  # fmt: skip
+            jobs.append(
+                TrainingJob(
+                    name=f"{task} {arm}",
+                    build_model=_on(partial(SinkLM, model)),
+                    make_batch=make_batch,
+                    loss=next_token_loss,
+                    global_batch=config.batch_size,
+                    optimizer_steps=config.steps,
+                    runs=config.seeds,
+                    tokens_per_example=config.seq_len,
+                    data=_text_needs("wikitext-2") if task == "wikitext" else (),
+                    group=task,
+                    precision="bf16 autocast" if config.mixed_precision == "bf16" else "fp32",
+                    notes=(f"{task}: {ARMS[arm].optimizer}, one run per paired seed.",),
+                )
+            )
+    return jobs
+
+
 # --- stanhop-outliers ---------------------------------------------------------------------------
 
 
@@ -961,6 +998,7 @@ JOBS: dict[str, Callable[[Any], list[TrainingJob]]] = {
     "mil-benchmark": mil_benchmark_jobs,
     "mil-bit-pattern": mil_bit_pattern_jobs,
     "mil-mnist-bags": mil_mnist_bags_jobs,
+    "outlier-benchmark": outlier_benchmark_jobs,
     "outlier-formation": outlier_formation_jobs,
     "outliers": outliers_jobs,
     "outliers-bert": outliers_jobs,

@@ -1,4 +1,4 @@
-"""Outlier metrics (kurtosis, infinity norms, attention diagnostics) and W8A8 fake quantization.
+"""Outlier metrics (kurtosis, infinity norms, attention diagnostics, sinks) and fake quantization.
 
 See ``docs/outliers.md``. :class:`AttentionRecorder` needs the ``hf`` extra (``transformers``).
 """
@@ -25,10 +25,18 @@ from hopfield.outliers.quantize import (
     quantizer_kinds,
     symmetric_scale,
 )
+from hopfield.outliers.sinks import (
+    SINK_EPSILON,
+    residual_peak,
+    sink_mass,
+    sink_rate,
+    value_norm_ratio,
+)
 
 __all__ = [
     "MODULE_SELECTIONS",
     "QUANTIZER_KINDS",
+    "SINK_EPSILON",
     "ActivationQuantizer",
     "ActivationRecorder",
     "AttentionQuantizer",
@@ -44,5 +52,9 @@ __all__ = [
     "quantize_w8a8",
     "quantizer_ablation",
     "quantizer_kinds",
+    "residual_peak",
+    "sink_mass",
+    "sink_rate",
     "symmetric_scale",
+    "value_norm_ratio",
 ]

@@ -60,14 +60,25 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
-def symmetric_scale(w: Tensor) -> tuple[Tensor, bool]:
+def _check_bits(bits: int, fmt: str = "int8") -> int:
+    """``bits`` of an integer grid, 2 to 16; FP8 has 8 bits only."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
+        raise ValueError(f"bits must be an int in [2, 16], got {bits!r}")
+    if fmt == "fp8_e4m3" and bits != 8:
+        raise ValueError(f"fmt 'fp8_e4m3' has 8 bits, got bits={bits}")
+    return bits
+
+
+def symmetric_scale(w: Tensor, bits: int = 8) -> tuple[Tensor, bool]:
     """Per-tensor symmetric scale of ``w`` and whether the unsigned grid is used.
 
-    ``max(|w_min|, |w_max|) / 127`` (``/ 255`` with the grid ``[0, 255]`` if ``w >= 0``).
+    ``max(|w_min|, |w_max|) / (2^(b-1) - 1)`` (``/ (2^b - 1)`` with the grid ``[0, 2^b - 1]`` if
+    ``w >= 0``); ``b = 8`` gives ``/ 127`` and ``/ 255``.
     """
+    _check_bits(bits)
     unsigned = bool(w.min() >= 0)
     absmax = w.detach().abs().max().clamp_min(1e-8)
-    return absmax / (255.0 if unsigned else 127.0), unsigned
+    return absmax / float(2**bits - 1 if unsigned else 2 ** (bits - 1) - 1), unsigned
 
 
 def fake_quantize_fp8(x: Tensor, absmax: Tensor | float) -> Tensor:
@@ -77,25 +88,31 @@ def fake_quantize_fp8(x: Tensor, absmax: Tensor | float) -> Tensor:
     return scaled.to(torch.float8_e4m3fn).to(x.dtype) * scale
 
 
-def fake_quantize_weight(w: Tensor, fmt: str = "int8") -> Tensor:
-    """Weights on the per-tensor 8-bit grid (symmetric INT8 min–max, or FP8 e4m3)."""
+def fake_quantize_weight(w: Tensor, fmt: str = "int8", bits: int = 8) -> Tensor:
+    """Weights on the per-tensor grid (symmetric ``bits``-bit integer min–max, or FP8 e4m3)."""
     if _check_format(fmt) == "fp8_e4m3":
+        _check_bits(bits, fmt)
         return fake_quantize_fp8(w, w.detach().abs().max())
-    scale, unsigned = symmetric_scale(w)
-    low, high = (0, 255) if unsigned else (-128, 127)
+    scale, unsigned = symmetric_scale(w, bits)
+    low, high = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     return torch.clamp(torch.round(w / scale), low, high) * scale
 
 
-def fake_quantize_asymmetric(x: Tensor, x_min: Tensor | float, x_max: Tensor | float) -> Tensor:
-    """Asymmetric per-tensor INT8 fake quantization of ``x`` with the range ``[x_min, x_max]``.
+def fake_quantize_asymmetric(
+    x: Tensor, x_min: Tensor | float, x_max: Tensor | float, bits: int = 8
+) -> Tensor:
+    """Asymmetric ``bits``-bit integer fake quantization of ``x`` with the range
+    ``[x_min, x_max]`` (scalars for per-tensor ranges, or tensors broadcasting against ``x``,
+    e.g. ``(..., 1)`` for one range per token).
 
     The range is first widened to contain 0 (``x_min <= 0 < x_max``); values outside it saturate.
     """
+    levels = float(2 ** _check_bits(bits) - 1)
     lo = torch.as_tensor(x_min, dtype=x.dtype, device=x.device).clamp_max(0.0)
     hi = torch.as_tensor(x_max, dtype=x.dtype, device=x.device).clamp_min(1e-8)
-    scale = (hi - lo) / 255.0
-    zero_point = torch.clamp(torch.round(-lo / scale), 0, 255)
-    return (torch.clamp(torch.round(x / scale) + zero_point, 0, 255) - zero_point) * scale
+    scale = (hi - lo) / levels
+    zero_point = torch.clamp(torch.round(-lo / scale), 0, levels)
+    return (torch.clamp(torch.round(x / scale) + zero_point, 0, levels) - zero_point) * scale
 
 
 class WeightQuantizer(nn.Module):
@@ -103,20 +120,21 @@ class WeightQuantizer(nn.Module):
     fake-quantizes a weight per tensor. The original stays in floating point, so a tied copy (an LM
     head sharing the embedding matrix) is unaffected."""
 
-    def __init__(self, fmt: str = "int8") -> None:
+    def __init__(self, fmt: str = "int8", bits: int = 8) -> None:
         super().__init__()
         self.fmt = _check_format(fmt)
+        self.bits = _check_bits(bits, fmt)
 
     def forward(self, weight: Tensor) -> Tensor:
-        """The weight on the 8-bit grid."""
-        return fake_quantize_weight(weight, self.fmt)
+        """The weight on the ``bits``-bit grid."""
+        return fake_quantize_weight(weight, self.fmt, self.bits)
 
     def extra_repr(self) -> str:
-        return f"fmt={self.fmt!r}"
+        return f"fmt={self.fmt!r}, bits={self.bits}"
 
 
 class ActivationQuantizer(nn.Module):
-    """Per-tensor 8-bit activation quantizer with calibrated, then frozen, range.
+    """Per-tensor activation quantizer with calibrated, then frozen, range (or per token).
 
     States: ``"calibrate"`` (pass through unchanged, update the range), ``"quantize"``
     (fake-quantize with the frozen range), ``"off"`` (pass through).
@@ -127,6 +145,9 @@ class ActivationQuantizer(nn.Module):
             initialises).
         percentile: use the ``(100 - p)``-th and ``p``-th percentiles of each batch instead of its
             min and max (e.g. ``99.999``); ``None`` = min–max.
+        bits: width of the integer grid (``"int8"`` format; 8 gives INT8).
+        per_token: quantize each vector along the last dimension (a token's channels) with its
+            own dynamic min–max range instead of the calibrated per-tensor one (integer grids).
     """
 
     x_min: Tensor
@@ -140,9 +161,16 @@ class ActivationQuantizer(nn.Module):
         percentile: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        bits: int = 8,
+        per_token: bool = False,
     ) -> None:
         super().__init__()
         self.fmt = _check_format(fmt)
+        self.bits = _check_bits(bits, fmt)
+        if per_token and fmt != "int8":
+            raise ValueError(f"per_token quantization needs the integer grid, not {fmt!r}")
+        self.per_token = bool(per_token)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
         if percentile is not None and not 50.0 < percentile <= 100.0:
@@ -193,12 +221,16 @@ class ActivationQuantizer(nn.Module):
             raise RuntimeError("ActivationQuantizer: quantizing before any calibration batch")
         if self.fmt == "fp8_e4m3":
             return fake_quantize_fp8(x, torch.maximum(self.x_min.abs(), self.x_max.abs()))
-        return fake_quantize_asymmetric(x, self.x_min, self.x_max)
+        if self.per_token:
+            low = x.detach().amin(dim=-1, keepdim=True)
+            high = x.detach().amax(dim=-1, keepdim=True)
+            return fake_quantize_asymmetric(x, low, high, self.bits)
+        return fake_quantize_asymmetric(x, self.x_min, self.x_max, self.bits)
 
     def extra_repr(self) -> str:
         return (
-            f"fmt={self.fmt!r}, state={self.state!r}, range=[{float(self.x_min):.4g}, "
-            f"{float(self.x_max):.4g}]"
+            f"fmt={self.fmt!r}, bits={self.bits}, per_token={self.per_token}, "
+            f"state={self.state!r}, range=[{float(self.x_min):.4g}, {float(self.x_max):.4g}]"
         )
 
 
@@ -228,11 +260,18 @@ class AttentionQuantizer(nn.Module):
     """
 
     def __init__(
-        self, fmt: str = "int8", momentum: float = 0.9, percentile: float | None = None
+        self,
+        fmt: str = "int8",
+        momentum: float = 0.9,
+        percentile: float | None = None,
+        *,
+        bits: int = 8,
+        per_token: bool = False,
     ) -> None:
         super().__init__()
-        self.score_quantizer = ActivationQuantizer(fmt, momentum, percentile)
-        self.weight_quantizer = ActivationQuantizer(fmt, momentum, percentile)
+        grid: dict[str, Any] = {"bits": bits, "per_token": per_token}
+        self.score_quantizer = ActivationQuantizer(fmt, momentum, percentile, **grid)
+        self.weight_quantizer = ActivationQuantizer(fmt, momentum, percentile, **grid)
 
     def scores(self, module: nn.Module, scores: Tensor) -> Tensor:
         """Quantized raw scores ``(B, H, L, S)``."""
@@ -276,8 +315,13 @@ def quantize_w8a8(
     percentile: float | None = None,
     keep_fp: Sequence[str] = ("cls", "lm_head", "classifier"),
     inplace: bool = False,
+    weight_bits: int = 8,
+    activation_bits: int = 8,
+    per_token: bool = False,
 ) -> nn.Module:
-    """A W8A8 fake-quantized copy of ``model``, its activation ranges calibrated and frozen.
+    """A W8A8 fake-quantized copy of ``model``, its activation ranges calibrated and frozen
+    (or, with ``weight_bits``/``activation_bits``/``per_token``, another integer scheme such as
+    W4A8 or W6A6 with per-token activations).
 
     Args:
         model: a ``transformers`` BERT/OPT/ViT model (any attention implementation; models not on
@@ -292,11 +336,18 @@ def quantize_w8a8(
         keep_fp: name prefixes (first component, or dotted path) of modules left in floating
             point (the MLM head ``cls``, ``lm_head``, the ViT ``classifier``).
         inplace: modify ``model`` instead of a deep copy.
+        weight_bits, activation_bits: integer grid widths (8 = INT8; only 8 with FP8).
+        per_token: every activation quantizer uses one dynamic range per token (per vector along
+            the last dimension) instead of a calibrated per-tensor range.
 
     Returns:
         The quantized model in eval mode: evaluating it gives the W8A8 metric.
     """
     _check_format(fmt)
+    _check_bits(weight_bits, fmt)
+    _check_bits(activation_bits, fmt)
+    if per_token and fmt != "int8":
+        raise ValueError(f"per_token quantization needs the integer grid, not {fmt!r}")
     if not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
     model = model if inplace else copy.deepcopy(model)
@@ -305,8 +356,10 @@ def quantize_w8a8(
     def kept(name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in keep_fp)
 
+    grid: dict[str, Any] = {"bits": activation_bits, "per_token": per_token}
+
     def quantizer() -> ActivationQuantizer:
-        return ActivationQuantizer(fmt, momentum, percentile)
+        return ActivationQuantizer(fmt, momentum, percentile, **grid)
 
     attention_like = _attention_modules(model)
     with torch.no_grad():
@@ -316,7 +369,9 @@ def quantize_w8a8(
             weight = getattr(module, "weight", None)
             quant_in = quant_out = False
             if isinstance(module, _LINEAR_LIKE) and isinstance(weight, Tensor):
-                parametrize.register_parametrization(module, "weight", WeightQuantizer(fmt))
+                parametrize.register_parametrization(
+                    module, "weight", WeightQuantizer(fmt, weight_bits)
+                )
                 quant_in, quant_out = not isinstance(module, nn.Embedding), True
             elif isinstance(module, nn.LayerNorm):
                 quant_in = quant_out = True
@@ -331,7 +386,7 @@ def quantize_w8a8(
         for name, module in attention_like:
             if kept(name):
                 continue
-            probe = AttentionQuantizer(fmt, momentum, percentile)
+            probe = AttentionQuantizer(fmt, momentum, percentile, **grid)
             module.add_module("attention_quantizer", probe)
             module.__dict__.setdefault("_hopfield_probes", []).append(probe)
         quantizers = activation_quantizers(model)
