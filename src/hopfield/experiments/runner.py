@@ -455,6 +455,7 @@ def run_experiment(
         kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
         context.save_json(SITTINGS_FILE, kept)
 
+    code = code_version()  # what this sitting runs, before anything can change the tree
     unfinished = context.path(SITTINGS_FILE)
     before = unfinished.read_text() if unfinished.is_file() else None
     keep("running")  # what a killed sitting leaves (a stopped or failed one says so below)
@@ -490,7 +491,7 @@ def run_experiment(
         "overrides": planned["overrides"],
         "seed": getattr(config, "seed", None),
         "versions": versions(),
-        "code": code_version(),
+        "code": code,
         "started_at": sittings[0]["started_at"],
         # Over every sitting; CPU time of the main process, all its threads.
         "wall_time_s": _total(sittings, "wall_time_s"),
