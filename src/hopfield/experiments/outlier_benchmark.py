@@ -479,7 +479,7 @@ register(
     Experiment(
         name="outlier-benchmark",
         summary="attention sinks and outliers that form on a CPU (Bigram-Backcopy, fixed-BOS "
-        "LM), published fixes as positive controls, then Softmax_1 judged (issue 27)",
+        "LM), published fixes as positive controls, then Softmax_1 judged",
         presets=PRESETS,
         run=run,
         paper="OutEffHop §2.1 and Table 1 against Guo et al. 2024, Gu et al. 2025, Kaul et al. "

@@ -193,6 +193,14 @@ LISTINGS: tuple[Listing, ...] = (
         "OutEffHop Fig. 6 (App. D.2); nonparametric Fig. 2 (lower)",
     ),
     Listing(
+        "outlier-benchmark",
+        "attention sinks and outliers that form on a CPU (Bigram-Backcopy, fixed-BOS LM), "
+        "published fixes as positive controls, then Softmax_1 judged",
+        ("tiny", "small", "gpu", "paper"),
+        "OutEffHop §2.1 and Table 1 against Guo et al. 2024, Gu et al. 2025, Kaul et al. 2025, "
+        "Sun et al. 2024",
+    ),
+    Listing(
         "outlier-formation",
         "Search for the cheapest recipe under which vanilla attention forms outliers; compare the six attention variants under it",
         ("tiny", "small", "decisive", "paper"),
