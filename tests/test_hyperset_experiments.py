@@ -37,7 +37,7 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
     tables, record = _tables(path)
     main = tables["Sudoku: Hyper-SET vs weight-shared Transformer (Fig. 3, §5.1)"]
     assert [row[0] for row in main["rows"]] == ["hyperset", "transformer", "et", "fixed-0.1"]
-    assert main["rows"][0][2] == 5_195_584  # paper parameter count beside ours
+    assert main["rows"][0][2] == "5.20 M"  # the paper's printed count beside ours
     assert main["rows"][2][5] == 0.0  # Fig. 3a: the Energy Transformer fails (0 % boards)
     metrics = record["results"]["metrics"]
     assert 0.0 <= metrics["hyperset_cell_acc"] <= 100.0

@@ -482,6 +482,7 @@ register(
         "LM), published fixes as positive controls, then Softmax_1 judged",
         presets=PRESETS,
         run=run,
+        check=check_config,
         paper="OutEffHop §2.1 and Table 1 against Guo et al. 2024, Gu et al. 2025, Kaul et al. "
         "2025, Sun et al. 2024",
         in_reproduce=False,
