@@ -137,6 +137,13 @@ def test_load_model_restores_variant_gates_and_sinks(
         torch.testing.assert_close(logits(auto), logits(model), rtol=0, atol=1e-5)
 
 
+def test_auto_model_of_a_gated_stock_type_points_to_load_model(tmp_path: Path) -> None:
+    decoder("qwen2", "gated_softmax1").save_pretrained(tmp_path)
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path)  # builds no gates
+    with pytest.raises(RuntimeError, match=r"needs a gate.*load_model"):
+        logits(auto)
+
+
 def test_a_stock_checkpoint_loads_as_the_stock_class(tmp_path: Path) -> None:
     model = decoder("llama", None)
     model.save_pretrained(tmp_path)
