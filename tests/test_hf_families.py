@@ -144,6 +144,15 @@ def test_auto_model_of_a_gated_stock_type_points_to_load_model(tmp_path: Path) -
         logits(auto)
 
 
+def test_load_model_refuses_a_bad_hopfield_attention_naming_the_file(tmp_path: Path) -> None:
+    decoder("llama", "softmax1").save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["hopfield_attention"] = {"variant": "clipped"}  # no gamma and zeta
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"config\.json: .*needs gamma and zeta"):
+        load_model(tmp_path)
+
+
 def test_a_stock_checkpoint_loads_as_the_stock_class(tmp_path: Path) -> None:
     model = decoder("llama", None)
     model.save_pretrained(tmp_path)

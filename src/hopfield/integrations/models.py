@@ -263,7 +263,10 @@ def load_model(path: str | Path, *, strict: bool = True, **kwargs: Any) -> nn.Mo
     config = transformers.AutoConfig.from_pretrained(path)
     settings: Any = getattr(config, CONFIG_KEY, None)
     if settings is not None:
-        check_settings(settings)
+        try:
+            check_settings(settings)
+        except ValueError as error:
+            raise ValueError(f"path: {path}/config.json: {error}") from None
     model_class = _class_to_load(path, config, settings, kwargs)
     if settings is not None:
         kwargs.setdefault("attn_implementation", attention_name(settings["variant"]))
