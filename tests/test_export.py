@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from hopfield.functional import SoftmaxN
-from hopfield.nn import Hopfield, HopfieldPooling, OutEffHop
+from hopfield.nn import Hopfield, HopfieldPooling, OutEffHop, OutEffHopLayer
 
 #: Two input shapes ``(B, N)`` that differ in batch and length.
 SHAPES = ((2, 5), (3, 9))
@@ -30,11 +30,20 @@ def layer(name: str) -> nn.Module:
         "sink_n2": lambda: Hopfield(SIZE, 4, separation=SoftmaxN(2.0)),
         "sink_half": lambda: Hopfield(SIZE, 4, separation=SoftmaxN(0.5)),  # explicit path
         "outeffhop_iterated": lambda: OutEffHop(SIZE, 4, update_steps=3, update_eps=0.0),
+        "outeffhop_layer": lambda: OutEffHopLayer(SIZE, quantity=3, num_heads=4),
     }
     return made[name]().eval()
 
 
-LAYERS = ("hopfield", "outeffhop", "pooling", "sink_n2", "sink_half", "outeffhop_iterated")
+LAYERS = (
+    "hopfield",
+    "outeffhop",
+    "pooling",
+    "sink_n2",
+    "sink_half",
+    "outeffhop_iterated",
+    "outeffhop_layer",
+)
 
 
 def inputs(batch: int, length: int, masked: bool) -> tuple[tuple[Tensor], dict[str, Tensor]]:
