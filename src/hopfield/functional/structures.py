@@ -121,6 +121,17 @@ def computed_in_float32(forward: _Forward) -> _Forward:
     return cast(_Forward, wrapper)
 
 
+def capturing_graph() -> bool:
+    """Whether a graph is being captured for export: :func:`torch.export.export` (and so
+    ``torch.onnx.export(..., dynamo=True)``) or the TorchScript tracer of the legacy ONNX exporter.
+
+    Paths step aside then for ones that export: the CPU flash kernel's log-sum-exp (no ONNX rule)
+    for plain SDPA, and Python branches on tensor values (data-dependent, fixed at capture time)
+    for their branch-free form, which gives the same result.
+    """
+    return bool(torch.compiler.is_exporting() or torch.jit.is_tracing())
+
+
 def explicit_association(
     q: Tensor,
     k: Tensor,
@@ -295,7 +306,7 @@ class Dense(Structure):
         elif mask is not None:
             allowed = mask if mask.dtype == torch.bool else mask > -math.inf
             blocked_rows = ~allowed.any(dim=-1, keepdim=True)
-            if bool(blocked_rows.any()):
+            if capturing_graph() or bool(blocked_rows.any()):  # the extra key changes no other row
                 k, v = _append_zero_keys(k, v, 1)
                 extra = (
                     blocked_rows
@@ -331,6 +342,7 @@ def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) ->
         and dropout == 0.0
         and (mask is None or not mask.requires_grad)
         and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+        and not capturing_graph()
     )
 
 

@@ -38,6 +38,7 @@ probes, the explicit path runs and each probe sees (and may replace) the raw sco
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,11 @@ __all__ = [
 ]
 
 CONFIG_KEY = "hopfield_attention"
+
+#: The ``config.json`` key from which ``transformers`` takes a loaded model's attention
+#: implementation (``PreTrainedConfig`` reads it as the ``attn_implementation`` argument; it is
+#: not kept as an attribute, so :func:`configure_attention` and ``load_model`` set it again).
+SAVED_KEY = "attn_implementation"
 
 #: Namespace of the names registered with ``transformers``' attention and mask interfaces.
 PREFIX = "hopfield_"
@@ -154,12 +160,16 @@ def configure_attention(
 ) -> None:
     """Select ``variant`` on a ``transformers`` config and store its parameters.
 
-    Sets ``config._attn_implementation`` to the registered name (``hopfield_<variant>``) and
-    ``config.hopfield_attention`` (a dict with the short name as ``variant`` that
-    ``save_pretrained`` writes into ``config.json``). On a hopfield config
-    (:mod:`hopfield.integrations.auto`, as :func:`build_model` uses) the saved model loads back with
-    its variant and gates through ``transformers``' Auto classes; a stock config keeps the dict but
-    ``transformers`` loads the model back as the stock model.
+    Sets ``config._attn_implementation`` to the registered name (``hopfield_<variant>``),
+    ``config.hopfield_attention`` (a dict with the short name as ``variant``) and
+    ``config.attn_implementation`` (the registered name); ``save_pretrained`` writes both into
+    ``config.json``. On a hopfield config (:mod:`hopfield.integrations.auto`, as
+    :func:`build_model` uses) the saved model loads back with its variant and gates through
+    ``transformers``' Auto classes. On a stock config (Llama, Qwen2, Mistral, gpt-oss, ...)
+    ``AutoModel*.from_pretrained`` reads ``attn_implementation`` from ``config.json`` and restores
+    the variant and its clipping parameters after ``import hopfield.integrations`` (without the
+    import, ``transformers`` refuses the unknown name), but builds no gates: ``load_model`` restores
+    everything, gates included.
 
     Args:
         config: a ``transformers.PretrainedConfig``.
@@ -193,6 +203,7 @@ def configure_attention(
         raise ValueError(f"gate_hidden/pi_init apply to gated variants only, not {variant!r}")
     setattr(config, CONFIG_KEY, settings)
     config._attn_implementation = attention_name(variant)
+    setattr(config, SAVED_KEY, attention_name(variant))
 
 
 def check_settings(settings: Any) -> None:
@@ -217,6 +228,45 @@ def check_settings(settings: Any) -> None:
             f"config.{CONFIG_KEY}: variant {settings['variant']!r} needs gamma and zeta, "
             f"got {settings!r}"
         )
+
+
+def _sink_mask(
+    spec: AttentionVariant, module: nn.Module, mask: Tensor | None, sinks: Tensor, query: Tensor
+) -> Tensor:
+    """The attention mask with the model's learned sink logits folded in (gpt-oss's ``s_aux``).
+
+    Softmax_1 of the scores shifted by ``-s_h`` is ``exp(z_i) / (exp(s_h) + Σ_j exp(z_j))``, the
+    softmax with head ``h``'s learned sink logit ``s_h`` in place of the fixed logit 0, so the sink
+    variants (plain, clipped, gated) take the learned sinks as an additive mask ``-s_h`` on the
+    fused path, and the sinks get their gradients through it.
+
+    Args:
+        mask: ``None``, boolean ``(B, 1, L, S)`` (``True`` = attend) or additive float.
+        sinks: one logit per query head, ``(H,)``.
+
+    Returns:
+        An additive float mask broadcastable to ``(B, H, L, S)``.
+    """
+    if not spec.n:
+        sink_variants = sorted(name for name, v in VARIANTS.items() if v.n)
+        raise ValueError(
+            f"{type(module).__name__} has learned attention sinks (s_aux, e.g. gpt-oss); "
+            f"attention {spec.name!r} has no sink: use a sink variant ({', '.join(sink_variants)}), "
+            "whose sink logit becomes the model's learned one"
+        )
+    heads = query.shape[1]
+    if not isinstance(sinks, Tensor) or sinks.shape != (heads,):
+        raise ValueError(
+            f"s_aux (the learned sink logits) must be a tensor ({heads},), one per query head, "
+            f"got {tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__}"
+        )
+    shift = -sinks.to(query.dtype).view(1, heads, 1, 1)
+    if mask is None:
+        return shift
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=query.dtype, device=query.device)
+        mask = torch.where(mask, zero, torch.full_like(zero, -math.inf))
+    return mask.to(query.dtype) + shift
 
 
 def _separation(spec: AttentionVariant, module: nn.Module) -> Separation:
@@ -293,7 +343,7 @@ def attention_forward(
         variant: a name of :data:`VARIANTS`, short or registered (``hopfield_<name>``).
         module: the calling attention module (its ``config``, ``is_causal``, gate and probes).
         query: ``(B, H, L, E)``; key: ``(B, Hkv, S, E)``; value: ``(B, Hkv, S, Ev)``. With
-            grouped-query attention (``Hkv < H``, Llama/Qwen/Mistral-style
+            grouped-query attention (``Hkv < H``, Llama/Qwen/Mistral/gpt-oss-style
             ``num_key_value_heads``) each key/value head serves ``H / Hkv`` query heads, as in
             ``transformers``' ``repeat_kv``.
         attention_mask: ``None``, boolean ``(B, 1, L, S)`` (``True`` = attend) or additive float.
@@ -301,7 +351,10 @@ def attention_forward(
         scaling: the logit scale (``None`` = ``1/sqrt(E)``).
         is_causal: overrides ``module.is_causal`` (used only when no mask is given).
         **kwargs: from the model; ``output_attentions`` (or ``module.config.output_attentions``)
-            asks for the weights; ``softcap`` is refused.
+            asks for the weights; ``s_aux`` (gpt-oss's learned sink logits ``(H,)``) replaces
+            the sink variants' fixed sink logit 0 (folded into the mask as ``-s_h``, so probes
+            see masked scores shifted by it; a variant without a sink refuses it); ``softcap``
+            is refused.
 
     Returns:
         ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``. The weights are returned where
@@ -319,6 +372,8 @@ def attention_forward(
     key, value = _repeat_kv(query, key), _repeat_kv(query, value)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     causal = causal and attention_mask is None and query.shape[-2] > 1
+    if kwargs.get("s_aux") is not None:
+        attention_mask = _sink_mask(spec, module, attention_mask, kwargs["s_aux"], query)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     probes: list[AttentionProbe] = getattr(module, "_hopfield_probes", [])
     weights: Tensor | None = None
@@ -349,7 +404,8 @@ def attention_forward(
         if gate is None or gate_input is None:
             raise RuntimeError(
                 f"attention {variant!r} needs a gate on {type(module).__name__}: build the model "
-                "with hopfield.integrations.build_model or call add_gates(model)"
+                "with hopfield.integrations.build_model, load a checkpoint with load_model, or "
+                "call add_gates(model)"
             )
         out = gate(gate_input, out)
     return out.transpose(1, 2).contiguous(), weights

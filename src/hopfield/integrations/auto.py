@@ -50,6 +50,7 @@ __all__ = [
     "HopfieldOPTConfig",
     "HopfieldViTConfig",
     "family_of",
+    "interface_model_class",
     "register_auto_classes",
 ]
 
@@ -158,6 +159,7 @@ class _HopfieldModel:
 
 
 def _model_class(stock: str, config_class: Any) -> Any:
+    """The hopfield subclass ``Hopfield<stock>`` of ``transformers.<stock>`` for ``config_class``."""
     name = f"Hopfield{stock}"
     cls = type(
         name,
@@ -185,6 +187,36 @@ __all__ += sorted(cls.__name__ for cls in MODEL_CLASSES.values())
 
 _FAMILY_OF_MODEL_TYPE = {cls.model_type: family for family, cls in CONFIG_CLASSES.items()}
 
+#: The hopfield subclasses made by :func:`interface_model_class` for stock model types.
+_INTERFACE_CLASSES: dict[str, Any] = {}
+
+
+def interface_model_class(stock: str) -> Any:
+    """The hopfield subclass of ``transformers.<stock>`` for a model type without a hopfield
+    config (Llama, Qwen2, Mistral, gpt-oss, ...): the stock class plus the gates that its
+    config's ``hopfield_attention`` asks for, with the stock config class (so it reads a stock
+    ``config.json``) and the stock class's checkpoint key renames. Made once per class.
+
+    Raises:
+        ValueError: ``stock`` is no ``transformers`` model class, or one whose attention does not
+            go through ``transformers``' attention interface (``_supports_attention_backend``).
+    """
+    if stock in _INTERFACE_CLASSES:
+        return _INTERFACE_CLASSES[stock]
+    base = getattr(transformers, stock, None)
+    if not (isinstance(base, type) and issubclass(base, transformers.PreTrainedModel)):
+        raise ValueError(f"{stock!r} is no transformers model class")
+    if not getattr(base, "_supports_attention_backend", False):
+        raise ValueError(
+            f"{stock} ({getattr(base.config_class, 'model_type', '?')!r}) does not use "
+            "transformers' attention interface (_supports_attention_backend is False), so the "
+            "hopfield attention variants cannot reach it"
+        )
+    cls = _model_class(stock, base.config_class)
+    _copy_key_renames(stock, cls)
+    _INTERFACE_CLASSES[stock] = cls
+    return cls
+
 
 def family_of(config: Any) -> str | None:
     """The family (``"bert"``, ``"opt"``, ``"vit"``) of a stock or hopfield config, else ``None``."""
@@ -205,19 +237,25 @@ def _register_key_renames() -> None:
     load into it. The renames are looked up, not copied: whatever ``transformers`` version is
     installed defines them.
     """
+    for stock, cls in MODEL_CLASSES.items():
+        _copy_key_renames(stock, cls)
+
+
+def _copy_key_renames(stock: str, cls: Any) -> None:
+    """Register the checkpoint key renames of ``transformers.<stock>`` (by class name, else by
+    model type) for the hopfield class ``cls``."""
     from transformers.conversion_mapping import (
         get_checkpoint_conversion_mapping,
         register_checkpoint_conversion_mapping,
     )
 
-    for stock, cls in MODEL_CLASSES.items():
-        renames = get_checkpoint_conversion_mapping(stock)
-        if renames is None:
-            renames = get_checkpoint_conversion_mapping(
-                getattr(transformers, stock).config_class.model_type
-            )
-        if renames is not None:
-            register_checkpoint_conversion_mapping(cls.__name__, renames, overwrite=True)
+    renames = get_checkpoint_conversion_mapping(stock)
+    if renames is None:
+        renames = get_checkpoint_conversion_mapping(
+            getattr(transformers, stock).config_class.model_type
+        )
+    if renames is not None:
+        register_checkpoint_conversion_mapping(cls.__name__, renames, overwrite=True)
 
 
 def register_auto_classes() -> None:

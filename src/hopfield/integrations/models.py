@@ -27,7 +27,10 @@ from torch import nn
 from hopfield.integrations.attention import (
     CONFIG_KEY,
     PREFIX,
+    SAVED_KEY,
     VARIANTS,
+    attention_name,
+    check_settings,
     configure_attention,
     variant_name,
 )
@@ -204,17 +207,27 @@ def _check_stock_implementation(variant: object) -> None:
 
 
 def load_model(path: str | Path, *, strict: bool = True, **kwargs: Any) -> nn.Module:
-    """Load a model saved with ``save_pretrained`` as the class it was saved from.
+    """Load a model saved with ``save_pretrained`` as the class it was saved from, with its
+    attention variant, clipping parameters, gates and learned sinks.
 
-    A convenience: checkpoints of hopfield models (``model_type`` ``"hopfield_bert"``,
-    ``"hopfield_opt"``, ``"hopfield_vit"``) load as well with the matching
-    ``transformers.AutoModel*.from_pretrained`` once :mod:`hopfield.integrations` is imported.
-    ``load_model`` picks the class named in ``config.json`` (``architectures``: a saved
-    ``BertModel`` comes back as a ``BertModel``, a ``HopfieldViTModel`` as a ``HopfieldViTModel``)
-    and passes ``kwargs`` on to its ``from_pretrained``. A stock BERT/OPT/ViT checkpoint loads as
-    the stock class. Checkpoint keys are renamed as ``transformers`` renames them for the stock
-    class (e.g. ViT's ``encoder.layer.*`` ↔ ``layers.*``, see
-    :func:`hopfield.integrations.auto.register_auto_classes`).
+    Reads any family whose attention goes through ``transformers``' attention interface (the
+    model class's ``_supports_attention_backend``): BERT, OPT, ViT and their hopfield model types
+    (``"hopfield_bert"``, ``"hopfield_opt"``, ``"hopfield_vit"``, which load as well with the
+    matching ``transformers.AutoModel*.from_pretrained`` once :mod:`hopfield.integrations` is
+    imported), and stock model types such as Llama, Qwen2, Mistral and gpt-oss configured with
+    :func:`~hopfield.integrations.configure_attention` (and :func:`add_gates`): those come back as
+    the hopfield subclass of their class
+    (:func:`~hopfield.integrations.auto.interface_model_class`, which builds the gates before the
+    weights load). gpt-oss's learned sinks are parameters of its attention modules, saved and
+    loaded with the other weights. ``load_model`` picks the class named in ``config.json``
+    (``architectures``: a saved ``BertModel`` comes back as a ``BertModel``, a
+    ``HopfieldViTModel`` as a ``HopfieldViTModel``) and passes ``kwargs`` on to its
+    ``from_pretrained``; a checkpoint without ``hopfield_attention`` loads as the stock class.
+    Checkpoint keys are renamed as ``transformers`` renames them for the stock class (e.g. ViT's
+    ``encoder.layer.*`` ↔ ``layers.*``, see
+    :func:`hopfield.integrations.auto.register_auto_classes`). The loaded config carries
+    ``attn_implementation`` again, so a checkpoint saved from the loaded model restores the variant
+    through ``AutoModel*.from_pretrained`` too.
 
     Args:
         path: the directory written by ``save_pretrained``.
@@ -222,75 +235,117 @@ def load_model(path: str | Path, *, strict: bool = True, **kwargs: Any) -> nn.Mo
             mismatched keys, loader errors) raises ``ValueError`` listing them; ``False``
             warns (``UserWarning``) and returns the model with the missing weights initialised.
         **kwargs: passed to ``from_pretrained`` (not ``output_loading_info``: the loading info
-            is checked here).
+            is checked here); ``attn_implementation`` overrides the saved variant.
+
+    Raises:
+        ValueError: the family does not use the attention interface (naming it), the
+            architecture is unknown, ``hopfield_attention`` in ``config.json`` is malformed, or
+            (``strict``) the weights do not match.
 
     Checkpoints saved before the hopfield model types existed (``model_type`` ``"bert"``/``"opt"``/
     ``"vit"`` with ``hopfield_attention`` in ``config.json``) are still read, into the hopfield
     class of their architecture (variant, clipping parameters and gate weights), with a warning:
-    ``transformers``' own loaders would give them back as the stock model without the variant and
-    gates; saving the loaded model again writes a checkpoint that they restore.
+    ``transformers``' own loaders would give them back as the stock model without the gates;
+    saving the loaded model again writes a checkpoint that they restore.
     """
+    import transformers
+
+    from hopfield.integrations.attention import register_attention_functions
+    from hopfield.integrations.auto import register_auto_classes
+
+    register_attention_functions()
+    register_auto_classes()
+    if "output_loading_info" in kwargs:
+        raise TypeError(
+            "load_model checks the loading info itself (strict=True raises on missing or "
+            "unexpected weights, strict=False warns): do not pass output_loading_info"
+        )
+    config = transformers.AutoConfig.from_pretrained(path)
+    settings: Any = getattr(config, CONFIG_KEY, None)
+    if settings is not None:
+        try:
+            check_settings(settings)
+        except ValueError as error:
+            raise ValueError(f"path: {path}/config.json: {error}") from None
+    model_class = _class_to_load(path, config, settings, kwargs)
+    if settings is not None:
+        kwargs.setdefault("attn_implementation", attention_name(settings["variant"]))
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    _check_loading_info(path, model_class, info, strict)
+    if settings is not None and model.config._attn_implementation == attention_name(
+        settings["variant"]
+    ):
+        setattr(model.config, SAVED_KEY, model.config._attn_implementation)
+    return model
+
+
+def _class_to_load(path: str | Path, config: Any, settings: Any, kwargs: dict[str, Any]) -> Any:
+    """The class ``load_model`` builds for a checkpoint's ``config`` (see there); a legacy
+    BERT/OPT/ViT checkpoint sets ``kwargs["config"]`` to its hopfield config."""
     import warnings
 
     import transformers
 
-    from hopfield.integrations.attention import register_attention_functions
     from hopfield.integrations.auto import (
         CONFIG_CLASSES,
         MODEL_CLASSES,
         family_of,
-        register_auto_classes,
+        interface_model_class,
     )
 
-    register_attention_functions()
-    register_auto_classes()
-    config = transformers.AutoConfig.from_pretrained(path)
+    architectures = getattr(config, "architectures", None) or []
     name = family_of(config)
     if name is None:
-        raise ValueError(
-            f"path: {path} holds a {config.model_type!r} model; load_model reads "
-            f"{sorted(FAMILIES)} and their hopfield model types"
-        )
-    architectures = getattr(config, "architectures", None) or [_family(name).model_class]
-    stock = architectures[0].removeprefix("Hopfield")
-    settings: Any = getattr(config, CONFIG_KEY, None)
+        if not architectures:
+            raise ValueError(f"path: {path}/config.json names no architecture to load")
+        stock = architectures[0].removeprefix("Hopfield")
+        try:
+            hopfield_class = interface_model_class(stock)
+        except ValueError as error:
+            raise ValueError(
+                f"path: {path} holds a {config.model_type!r} model ({architectures[0]}); "
+                f"load_model reads {sorted(FAMILIES)}, their hopfield model types and the "
+                f"families whose attention goes through transformers' attention interface: "
+                f"{error}"
+            ) from None
+        return hopfield_class if settings is not None else getattr(transformers, stock)
+    stock = (architectures or [_family(name).model_class])[0].removeprefix("Hopfield")
     legacy = config.model_type == name and isinstance(settings, dict)
     if legacy:
         hopfield_type = CONFIG_CLASSES[name].model_type
         warnings.warn(
             f"{path}: checkpoint saved before the hopfield model types (model_type "
             f"{name!r}); loaded as {hopfield_type!r} with its attention {settings['variant']!r}. "
-            "transformers' own loaders would drop the variant and gates: save the loaded model "
+            "transformers' own loaders would drop the gates: save the loaded model "
             "again (save_pretrained) to get a checkpoint they restore",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         values = {k: v for k, v in config.to_dict().items() if k != "model_type"}
         kwargs.setdefault("config", CONFIG_CLASSES[name].from_dict(values))
     if config.model_type == name and not legacy:
-        model_class = getattr(transformers, stock)
-    elif stock in MODEL_CLASSES:
-        model_class = MODEL_CLASSES[stock]
-    else:
-        raise ValueError(f"path: no hopfield class for the architecture {architectures[0]!r}")
-    if "output_loading_info" in kwargs:
-        raise TypeError(
-            "load_model checks the loading info itself (strict=True raises on missing or "
-            "unexpected weights, strict=False warns): do not pass output_loading_info"
-        )
-    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+        return getattr(transformers, stock)
+    if stock in MODEL_CLASSES:
+        return MODEL_CLASSES[stock]
+    raise ValueError(f"path: no hopfield class for the architecture {architectures[0]!r}")
+
+
+def _check_loading_info(
+    path: str | Path, model_class: Any, info: dict[str, Any], strict: bool
+) -> None:
+    """Raise (``strict``) or warn when the checkpoint's weights do not match the model."""
+    import warnings
+
     problems = {key: sorted(map(str, found)) for key, found in info.items() if found}
-    if problems:
-        listed = "; ".join(
-            f"{key.replace('_', ' ')}: {', '.join(v)}" for key, v in problems.items()
-        )
-        message = f"{path}: the checkpoint does not match {model_class.__name__} ({listed})" + (
-            "" if strict else "; the missing weights are newly initialised"
-        )
-        if strict:
-            raise ValueError(message + " (strict=False loads it anyway, with a warning)")
-        warnings.warn(message, UserWarning, stacklevel=2)
-    return model
+    if not problems:
+        return
+    listed = "; ".join(f"{key.replace('_', ' ')}: {', '.join(v)}" for key, v in problems.items())
+    message = f"{path}: the checkpoint does not match {model_class.__name__} ({listed})" + (
+        "" if strict else "; the missing weights are newly initialised"
+    )
+    if strict:
+        raise ValueError(message + " (strict=False loads it anyway, with a warning)")
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def paper_parameter_count(model: nn.Module) -> int:

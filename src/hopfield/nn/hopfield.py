@@ -25,7 +25,7 @@ from hopfield._validation import (
 )
 from hopfield.functional.associate import associate
 from hopfield.functional.separation import Separation, Softmax, SoftmaxN
-from hopfield.functional.structures import Dense, Structure
+from hopfield.functional.structures import Dense, Structure, capturing_graph
 from hopfield.nn.gates import GatedAttention
 
 Patterns = Tensor | tuple[Tensor, Tensor, Tensor]
@@ -383,7 +383,7 @@ class Hopfield(nn.Module):
             moved = (new_q - q).detach().norm(dim=-1).amax(dim=(0, 2))
             q = torch.where(active.view(1, -1, 1, 1), new_q, q)
             active = active & (moved > self.update_eps)
-            if not bool(active.any()):
+            if not capturing_graph() and not bool(active.any()):  # stopped heads stay put anyway
                 break
         return q
 
