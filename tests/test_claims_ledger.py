@@ -141,7 +141,7 @@ def test_verdicts_from_synthetic_records(synthetic: dict[str, dict[str, Any]]) -
     assert synthetic["OEH-T3.1-convergence"]["verdict"] == "does not hold"
     assert synthetic["OEH-T3.1-convergence"]["ours"] == 3
     lipschitz = synthetic["OEH-C6-lipschitz"]  # its row is an info row: never a claim
-    assert lipschitz["verdict"] == "not tested at this scale" and "info row" in lipschitz["note"]
+    assert lipschitz["verdict"] == "not run" and "info row" in lipschitz["note"]
 
     gap = synthetic["OEH-T1-w8a8-opt"]  # the issue's numbers: t ≈ 1.11, p ≈ 0.38 over 3 seeds
     assert gap["verdict"] == "inconclusive" and gap["seeds"] == 3
@@ -154,7 +154,7 @@ def test_verdicts_from_synthetic_records(synthetic: dict[str, dict[str, Any]]) -
     assert gap["test"]["p_wilcoxon"].startswith("not computable")
     assert gap["command"] == "hopfield run outlier-formation --preset small"
     assert synthetic["OEH-S2.1-sink-opt"]["verdict"] == "holds"
-    assert synthetic["OEH-T1-gated-opt"]["verdict"] == "not tested at this scale"
+    assert synthetic["OEH-T1-gated-opt"]["verdict"] == "not run"
 
     tie = synthetic["OEH-F6-noise"]  # four-way tie over 4 memory sets: "beats" does not hold
     assert tie["verdict"] == "does not hold" and tie["seeds"] == 4
@@ -167,13 +167,13 @@ def test_verdicts_from_synthetic_records(synthetic: dict[str, dict[str, Any]]) -
     assert synthetic["HS-T2-params-mim"]["verdict"] == "holds"  # 3,937,856 vs 3.94 M
     assert synthetic["HS-T2-params-mim-transformer"]["verdict"] == "does not hold"  # 8.65 vs 8.85
     smoke = synthetic["HS-F3-sudoku"]  # a smoke run tests no empirical claim
-    assert smoke["verdict"] == "not tested at this scale" and "smoke run" in smoke["note"]
-    assert synthetic["HS-T2-mim"]["verdict"] == "not tested at this scale"
+    assert smoke["verdict"] == "not run" and "smoke run" in smoke["note"]
+    assert synthetic["HS-T2-mim"]["verdict"] == "toy stand-in"
 
     untested = [c.id for c in CLAIMS if c.experiment is None]
     assert all(synthetic[i]["verdict"] == "not implemented" for i in untested)
     absent = synthetic["NP-T6-window"]
-    assert absent["verdict"] == "not tested at this scale" and absent["scale"] is None
+    assert absent["verdict"] == "not run" and absent["scale"] is None
     assert absent["command"] == "hopfield run timeseries-hopfield --preset small"
 
 
@@ -232,7 +232,7 @@ def test_a_record_of_another_layout_is_reported_not_fatal(tmp_path: Path) -> Non
         side={"compare.json": {"runs": {"softmax/seed0": {"fp_ppl": 1.0}}}},
     )  # fmt: skip
     records = {r["id"]: r for r in evaluate(tmp_path)}
-    assert records["OEH-T1-kurtosis-opt"]["verdict"] == "not tested at this scale"
+    assert records["OEH-T1-kurtosis-opt"]["verdict"] == "not run"
     assert UNREADABLE in records["OEH-T1-kurtosis-opt"]["note"]
 
 
@@ -295,7 +295,7 @@ def test_the_decisive_outlier_test_counts_only_arms_that_pass_the_gate(tmp_path:
     assert both["OEH-T1-w8a8-opt"]["seeds"] == 6
     assert both["OEH-T1-w8a8-opt"]["verdict"] == "inconclusive"
     none = write({"a": 0.0, "b": 0.0})
-    assert none["OEH-T1-kurtosis-opt"]["verdict"] == "not tested at this scale"
+    assert none["OEH-T1-kurtosis-opt"]["verdict"] == "premise absent at this scale"
     assert "validity gate" in none["OEH-T1-kurtosis-opt"]["note"]
     assert none["OEH-T1-fp-opt"]["seeds"] == 6
 
@@ -436,7 +436,7 @@ def test_the_abstract_averages_pool_table_1s_twelve_pairs_per_seed(tmp_path: Pat
     spread = write_table1_study(tmp_path / "spread", [10.0, 60.0, 30.0])
     assert spread["OEH-abstract-infnorm"]["verdict"] == "inconclusive"  # the interval holds 26 %
     flat = write_table1_study(tmp_path / "flat", [40.0, 45.0, 50.0], vit_outliers=False)
-    assert flat["OEH-abstract-kurtosis"]["verdict"] == "not tested at this scale"
+    assert flat["OEH-abstract-kurtosis"]["verdict"] == "premise absent at this scale"
     assert "no outliers formed in vanilla vit" in flat["OEH-abstract-kurtosis"]["note"]
     alone = write_table1_study(tmp_path / "alone", [40.0, 45.0, 50.0], stanhop=False)
     assert "no stanhop-outliers results" in alone["OEH-abstract-kurtosis"]["note"]
@@ -569,12 +569,12 @@ def test_parameter_counts_are_judged_from_a_plan_record(tmp_path: Path) -> None:
     assert vit["verdict"] == "does not hold" and vit["experiment"] == "outliers-vit"
     assert records["OEH-T1-params-stanhop"]["verdict"] == "holds"
     missing = records["HS-T1-params-et"]  # the plan has no job "et"
-    assert missing["verdict"] == "not tested at this scale" and "no job 'et'" in missing["note"]
+    assert missing["verdict"] == "not run" and "no job 'et'" in missing["note"]
     assert records["HS-T1-params-et"]["scale"] == "small"  # the first record tried
-    assert records["OEH-T1-params-bert"]["verdict"] == "not tested at this scale"  # no plan
+    assert records["OEH-T1-params-bert"]["verdict"] == "not run"  # no plan
     # only parameter counts are read from a plan; the other claims need runs
     equal_width = records["HS-T1-equal-width"]
-    assert equal_width["verdict"] == "not tested at this scale"
+    assert equal_width["verdict"] == "not run"
     assert equal_width["scale"] == "small"
 
 
@@ -589,7 +589,7 @@ def test_a_paper_run_comes_before_the_plan_and_another_preset_tests_nothing(
     run = records["HS-T2-params-mim-transformer"]
     assert run["verdict"] == "holds" and run["scale"] == "paper" and run["ours"] == 8_852_000
     sudoku = records["HS-S4.5-params-sudoku"]
-    assert sudoku["verdict"] == "not tested at this scale"
+    assert sudoku["verdict"] == "not run"
     assert "only at the paper preset, not small" in sudoku["note"]
 
 
@@ -631,3 +631,28 @@ def test_every_committed_preset_is_read_the_largest_first(tmp_path: Path) -> Non
     alone = {r["id"]: r for r in evaluate(tmp_path)}["OEH-L2.1-energy"]
     assert alone["verdict"] == "does not hold" and alone["scale"] == "tiny (theory-tiny)"
     assert alone["experiment"] == "theory"
+
+
+def test_an_untested_claim_says_which_way(tmp_path: Path) -> None:
+    """A claim no record tests is ``not run``; where one record's premise is absent (no
+    outliers formed) that, the most informative, wins over another's ``not run``."""
+    from hopfield.claims.claim import NotTested
+
+    def extract(record: Any) -> Any:
+        if record.preset == "paper":
+            raise NotTested("a smoke run")
+        raise NotTested("no outliers formed (W8A8 costs 0.1 %)", "premise absent at this scale")
+
+    claim = Claim("X-9", "outeffhop", "T", "S.", None, "m", "lower", "empirical", "theory",
+                  extract)  # fmt: skip
+    (alone,) = evaluate(tmp_path, (claim,))
+    assert alone["verdict"] == "not run" and "no theory results" in alone["note"]
+    write_record(tmp_path, "theory", preset="paper")
+    (smoke,) = evaluate(tmp_path, (claim,))
+    assert smoke["verdict"] == "not run"
+    (tmp_path / "theory").rename(tmp_path / "theory-paper")  # a second preset beside it
+    write_record(tmp_path, "theory", preset="small")
+    (both,) = evaluate(tmp_path, (claim,))
+    assert both["verdict"] == "premise absent at this scale" and "W8A8 costs" in both["note"]
+    with pytest.raises(ValueError, match="kind"):
+        NotTested("why", "untested")

@@ -49,12 +49,12 @@ def test_a_failed_gate_means_the_premise_is_absent(tmp_path: Path) -> None:
     gates = {"bigram_backcopy/sink": (0.0, 1.0), "bigram_backcopy/outliers": (1.0, 0.0)}
     ledger = _judge(tmp_path, gates, runs)
     sink = ledger["OEH-S2.1-sink-bench-bb"]
-    assert sink["verdict"] == "not tested at this scale"
+    assert sink["verdict"] == "premise absent at this scale"
     assert "premise absent" in sink["note"] and "stage 1" in sink["note"]
     kurt = ledger["OEH-T1-kurtosis-bench-bb"]
-    assert kurt["verdict"] == "not tested at this scale" and "stage 2" in kurt["note"]
+    assert kurt["verdict"] == "premise absent at this scale" and "stage 2" in kurt["note"]
     # the LM task has no gate metrics in this record
-    assert ledger["OEH-S2.1-sink-bench-lm"]["verdict"] == "not tested at this scale"
+    assert ledger["OEH-S2.1-sink-bench-lm"]["verdict"] == "not run"
 
 
 def test_a_passed_gate_judges_softmax1_both_ways(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_a_passed_gate_judges_softmax1_both_ways(tmp_path: Path) -> None:
     # OPT's sink and Table 1 claims read the benchmark's LM when outlier-formation is absent
     assert ledger["OEH-S2.1-sink-opt"]["verdict"] == "does not hold"
     assert ledger["OEH-T1-w8a8-opt"]["experiment"] == "outlier-benchmark"
-    assert ledger["OEH-T1-gated-opt"]["verdict"] == "not tested at this scale"
+    assert ledger["OEH-T1-gated-opt"]["verdict"] == "not run"
 
 
 def test_every_benchmark_claim_names_the_experiment() -> None:
@@ -83,4 +83,4 @@ def test_fewer_seeds_than_the_protocol_test_nothing(tmp_path: Path) -> None:
     runs = _runs("bigram_backcopy", VANILLA[:3], [v - 0.3 for v in VANILLA[:3]])
     ledger = _judge(tmp_path, {"bigram_backcopy/sink": (1.0, 1.0)}, runs, seeds=3)
     sink = ledger["OEH-S2.1-sink-bench-bb"]
-    assert sink["verdict"] == "not tested at this scale" and "fewer than the 6" in sink["note"]
+    assert sink["verdict"] == "not run" and "fewer than the 6" in sink["note"]

@@ -110,7 +110,7 @@ def test_thin_presets_and_overrides(shared_data: Path, tmp_path: Path) -> None:
     ledger = {r["id"]: r for r in evaluate(tmp_path)}
     for claim in ("OEH-F3-depth", "OEH-F4-layernorm"):
         note = ledger[claim]["note"]
-        assert ledger[claim]["verdict"] == "not tested at this scale", claim
+        assert ledger[claim]["verdict"] == "premise absent at this scale", claim
         assert "no outliers formed" in note and UNREADABLE not in note, claim
     assert results["figures"] == ["figure2_bert.png", "figure3_bert.png", "figure4_bert.png"]
 

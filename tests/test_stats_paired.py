@@ -14,7 +14,8 @@ from hopfield.stats import compare_paired, exact_verdict, sign_flip_p
 
 def test_vocabulary_is_the_ledgers() -> None:
     assert VERDICTS == (
-        "holds", "does not hold", "inconclusive", "not tested at this scale", "not implemented"
+        "holds", "does not hold", "inconclusive", "premise absent at this scale", "toy stand-in",
+        "not run", "not implemented",
     )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from hopfield.claims.verdict import NOT_RUN, UNTESTED
 from hopfield.stats import DIRECTIONS, PairedComparison, compare_paired, exact_verdict
 
 if TYPE_CHECKING:
@@ -30,9 +31,17 @@ KINDS = ("exact", "empirical")
 
 
 class NotTested(Exception):
-    """An experiment's record is present but does not test the claim at its configuration
-    (no outliers formed, a toy stand-in, a parameter count of a preset smaller than the
-    paper's, a model the preset leaves out); the message says why."""
+    """An experiment's record is present but does not test the claim at its configuration; the
+    message says why, and ``kind`` which way (:data:`~hopfield.claims.verdict.UNTESTED`): the
+    premise is absent (no outliers formed, a failed validity gate; the message shows the
+    measured premise), a toy stand-in, or not run (a smoke run, a parameter count of a preset
+    smaller than the paper's, a model the preset leaves out, a record of another layout)."""
+
+    def __init__(self, message: str, kind: str = NOT_RUN) -> None:
+        if kind not in UNTESTED:
+            raise ValueError(f"kind must be one of {UNTESTED}, got {kind!r}")
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)

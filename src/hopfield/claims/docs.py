@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hopfield.claims.verdict import VERDICTS
+from hopfield.claims.verdict import UNTESTED, VERDICTS
 
 __all__ = ["TAG", "Problem", "check_text", "ledger_verdicts", "tags"]
 
@@ -48,9 +48,9 @@ _LANGUAGE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
         re.compile(
             r"\bneither confirmed nor refuted\b|\bnot confirmed\b(,? (?:and )?not refuted)?"
         ),
-        frozenset({"inconclusive", "not tested at this scale"}),
+        frozenset({"inconclusive", *UNTESTED}),
     ),
-    (re.compile(r"\binconclusive\b"), frozenset({"inconclusive", "not tested at this scale"})),
+    (re.compile(r"\binconclusive\b"), frozenset({"inconclusive", *UNTESTED})),
     (
         re.compile(r"\b(?:does|do|did) not hold\b|\bnot reproduced\b|\brefuted\b"),
         frozenset({"does not hold"}),

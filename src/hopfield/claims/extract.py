@@ -16,6 +16,7 @@ from typing import Any
 
 from hopfield.claims.claim import Claim, Comparison, Evidence, Extractor, Measured, NotTested
 from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
+from hopfield.claims.verdict import PREMISE_ABSENT, TOY_STAND_IN
 
 __all__ = [
     "benchmark_pairs",
@@ -316,7 +317,8 @@ def _require_outliers(family: str, vanilla: dict[str, dict]) -> None:
     if statistics.fmean(gaps) < _FORMED_GAP_PCT and statistics.fmean(kurtosis) < _FORMED_KURTOSIS:
         raise NotTested(
             f"no outliers formed in vanilla {family} (W8A8 costs {statistics.fmean(gaps):.2g} %, "
-            f"avg kurtosis {statistics.fmean(kurtosis):.3g})"
+            f"avg kurtosis {statistics.fmean(kurtosis):.3g})",
+            PREMISE_ABSENT,
         )
 
 
@@ -432,18 +434,20 @@ def outlier_reduction(metric: str) -> Extractor:
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         per_pair: list[Samples] = []
-        reasons = []
+        untested: list[NotTested] = []
         for family in ("bert", "opt", "vit"):
             try:
                 per_pair += _study_reductions(record, family, metric)
             except NotTested as why:
-                reasons.append(str(why))
+                untested.append(why)
         try:
             per_pair += _stanhop_reductions(record, metric)
         except NotTested as why:
-            reasons.append(str(why))
-        if reasons:
-            raise NotTested("; ".join(reasons))
+            untested.append(why)
+        if untested:
+            kinds = {why.kind for why in untested}
+            kind = PREMISE_ABSENT if PREMISE_ABSENT in kinds else untested[0].kind
+            raise NotTested("; ".join(map(str, untested)), kind)
         units = [u for u in per_pair[0] if all(u in p for p in per_pair)]
         means = {u: statistics.fmean(p[u] for p in per_pair) for u in units}
         model = f"mean over Table 1's {len(per_pair)} pairs"
@@ -550,13 +554,16 @@ def _formation_runs(record: ExperimentRecord, needs_outliers: bool) -> dict[str,
     arms = list(record.config.get("arms") or {})
     if not arms:
         if needs_outliers and record.metric("recipe_found") < 1:
-            raise NotTested("the outlier-formation search found no recipe (no outliers formed)")
+            raise NotTested(
+                "the outlier-formation search found no recipe (no outliers formed)", PREMISE_ABSENT
+            )
         return {"": record.side("compare.json")["runs"]}
     if needs_outliers:
         arms = [arm for arm in arms if record.metric(f"{arm}/gate_passed") >= 1]
         if not arms:
             raise NotTested(
-                "every arm of the decisive outlier test fails its validity gate (uninformative)"
+                "every arm of the decisive outlier test fails its validity gate (uninformative)",
+                PREMISE_ABSENT,
             )
     return {arm: record.side(f"arms/{arm}/compare.json")["runs"] for arm in arms}
 
@@ -610,7 +617,7 @@ def benchmark_pairs(
                 why = f"premise absent: vanilla formed no {part} phenomenon on {task} (stage 1)"
             else:
                 why = f"no positive control removed the {part} phenomenon on {task} (stage 2)"
-            raise NotTested(f"the validity gate of outlier-benchmark fails: {why}")
+            raise NotTested(f"the validity gate of outlier-benchmark fails: {why}", PREMISE_ABSENT)
         stored = record.side("runs.json")
         fixed = int(stored["protocol"]["seeds_per_arm"])
         if int(record.config.get("seeds", 0)) < fixed:
@@ -985,4 +992,6 @@ def hyperset_params(model: str) -> Extractor:
 def hyperset_toy(record: ExperimentRecord) -> Evidence:
     """The masked-image-modelling claims need ImageNet-100 and the MaskGIT tokenizer; the
     experiment's runs are a toy stand-in and test none of them."""
-    raise NotTested(f"{record.name} is a toy stand-in (digits, k-means codes), not ImageNet-100")
+    raise NotTested(
+        f"{record.name} is a toy stand-in (digits, k-means codes), not ImageNet-100", TOY_STAND_IN
+    )

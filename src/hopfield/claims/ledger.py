@@ -3,8 +3,9 @@
 :data:`CLAIMS` gathers the claims of :mod:`hopfield.claims.outeffhop`,
 :mod:`hopfield.claims.nonparametric` and :mod:`hopfield.claims.hyperset`.
 :func:`evaluate` judges each from the experiment records of a folder: ``not implemented`` where
-no experiment tests the claim, ``not tested at this scale`` where the folder holds no record of
-its experiment or the record does not test it (the reason is in ``note``), else the verdict of
+no experiment tests the claim, ``not run`` where the folder holds no record of its experiment,
+``premise absent at this scale``, ``toy stand-in`` or ``not run`` where its records do not test
+it (:class:`~hopfield.claims.claim.NotTested`; the reason is in ``note``), else the verdict of
 :func:`hopfield.claims.claim.judge`. A parameter count (a claim with ``planned``) that no run of
 the paper preset tests is judged from the folder's plan record (``plan/paper.json``, written by
 ``hopfield plan --all --preset paper --out DIR``): the models are the experiments' own, built on
@@ -20,6 +21,7 @@ from typing import Any
 from hopfield.claims import hyperset, nonparametric, outeffhop
 from hopfield.claims.claim import Claim, Evidence, Extractor, Judgement, NotTested, judge
 from hopfield.claims.records import ExperimentRecord, PlanRecord, load_plans, load_records
+from hopfield.claims.verdict import NOT_RUN, UNTESTED
 from hopfield.stats import PairedComparison
 
 __all__ = ["CLAIMS", "UNREADABLE", "evaluate", "record_of"]
@@ -80,19 +82,21 @@ def _evaluate_one(
     present = _sources(claim, records, plans)
     if not present:
         note = f"no {' or '.join(claim.experiments)} results in this folder"
-        return record_of(claim, Judgement("not tested at this scale"), None, note)
-    reasons = []
+        return record_of(claim, Judgement(NOT_RUN), None, note)
+    reasons, kinds = [], set()
     for record in present:
         try:
             judgement = judge(claim, _evidence(claim, claim.extract, record))
         except NotTested as why:
             reasons.append(f"{record.name} ({record.preset}): {why}")
+            kinds.add(why.kind)
             continue
         except (KeyError, IndexError, TypeError, ValueError) as error:
             reasons.append(f"{record.name} ({record.preset}): {UNREADABLE} ({error!r})")
             continue
         return record_of(claim, judgement, record, claim.note)
-    return record_of(claim, Judgement("not tested at this scale"), present[0], "; ".join(reasons))
+    kind = next((k for k in UNTESTED if k in kinds), NOT_RUN)  # the most informative
+    return record_of(claim, Judgement(kind), present[0], "; ".join(reasons))
 
 
 def _number(value: float | None) -> float | None:

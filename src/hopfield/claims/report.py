@@ -117,15 +117,17 @@ def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
         "sign-flip test when the differences have no spread); fewer than 3 runs is "
         "`inconclusive`, and a strict claim whose pairs all tie does not hold. The p column "
         "is that decision's p-value (W: the Wilcoxon signed-rank p-value from 6 pairs). "
-        "Exact claims hold within their tolerance. `ours` is the mean over the runs against the "
+        "Exact claims hold within their tolerance. An untested claim is `premise absent at this "
+        "scale` (the phenomenon it is about did not form; the note shows the measured premise), "
+        "`toy stand-in` (the record runs a toy for the paper's setting) or `not run` (no record "
+        "tests it: run it). `ours` is the mean over the runs against the "
         "deciding rival's; `n` counts the pairs; the interval is of the difference, positive "
         "favouring the claim (for 'equal' claims it must lie inside the margin).",
         "",
         f"**Totals ({len(records)} claims):** {_totals(records)}.",
         "",
-        "| paper | holds | does not hold | inconclusive | not tested at this scale | "
-        "not implemented |",
-        "|---|---|---|---|---|---|",
+        "| paper | " + " | ".join(VERDICTS) + " |",
+        "|---|" + "---|" * len(VERDICTS),
     ]
     for paper in PAPERS:
         counts = Counter(r["verdict"] for r in records if r["paper"] == paper)
