@@ -168,7 +168,7 @@ def test_verdicts_from_synthetic_records(synthetic: dict[str, dict[str, Any]]) -
     assert synthetic["HS-T2-params-mim-transformer"]["verdict"] == "does not hold"  # 8.65 vs 8.85
     smoke = synthetic["HS-F3-sudoku"]  # a smoke run tests no empirical claim
     assert smoke["verdict"] == "not run" and "smoke run" in smoke["note"]
-    assert synthetic["HS-T2-mim"]["verdict"] == "toy stand-in"
+    assert synthetic["HS-T2-mim"]["verdict"] == "not run"  # a smoke run, before it is a toy
 
     untested = [c.id for c in CLAIMS if c.experiment is None]
     assert all(synthetic[i]["verdict"] == "not implemented" for i in untested)
@@ -656,3 +656,25 @@ def test_an_untested_claim_says_which_way(tmp_path: Path) -> None:
     assert both["verdict"] == "premise absent at this scale" and "W8A8 costs" in both["note"]
     with pytest.raises(ValueError, match="kind"):
         NotTested("why", "untested")
+
+
+def test_a_record_below_its_training_premise_tests_no_empirical_claim(tmp_path: Path) -> None:
+    """The Sudoku Transformer solved no board: the Sudoku claims are premise-absent with the
+    measured 0 %, the parameter counts still hold; at 30 % boards the premise is met."""
+    board = [0.0] * 48
+
+    def sudoku(transformer_boards: float) -> dict[str, dict[str, Any]]:
+        shutil.rmtree(tmp_path / "hyperset-sudoku", ignore_errors=True)
+        runs = {"hyperset": {"params": 5_195_584, "board": [40.0] * 48},
+                "transformer": {"params": 7_156_992, "board": board}}  # fmt: skip
+        write_record(tmp_path, "hyperset-sudoku", preset="paper",
+                     metrics={"transformer_board_acc": transformer_boards},
+                     side={"runs.json": runs})  # fmt: skip
+        return {r["id"]: r for r in evaluate(tmp_path)}
+
+    untrained = sudoku(0.0)
+    assert untrained["HS-F3-sudoku"]["verdict"] == "premise absent at this scale"
+    assert "solved 0 % of the test boards" in untrained["HS-F3-sudoku"]["note"]
+    assert untrained["HS-S4.5-params-sudoku"]["verdict"] == "holds"  # counts need no training
+    trained = sudoku(30.0)
+    assert trained["HS-F3-sudoku"]["verdict"] != "premise absent at this scale"

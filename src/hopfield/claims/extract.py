@@ -59,11 +59,8 @@ def pair(rival: str, ours: Samples, others: Samples, model: str = "") -> Compari
 
 def _require_real_runs(record: ExperimentRecord) -> None:
     """Smoke runs (``--max-steps``, ``--stand-in-data``) test no empirical claim."""
-    limits = record.data.get("limits") or {}
-    if limits.get("stand_in_data"):
-        raise NotTested(f"{record.name} trained on random stand-in data (a smoke run)")
-    if limits.get("stop_after") is not None:
-        raise NotTested(f"{record.name} was cut after {limits['stop_after']} steps (a smoke run)")
+    if record.smoke_run is not None:
+        raise NotTested(record.smoke_run)
 
 
 def combine(*extractors: Extractor) -> Extractor:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hopfield.claims import hyperset, nonparametric, outeffhop
 from hopfield.claims.claim import Claim, Evidence, Extractor, Judgement, NotTested, judge
+from hopfield.claims.premises import check_premise
 from hopfield.claims.records import ExperimentRecord, PlanRecord, load_plans, load_records
 from hopfield.claims.verdict import NOT_RUN, UNTESTED
 from hopfield.stats import PairedComparison
@@ -68,9 +69,13 @@ def _sources(
 
 
 def _evidence(claim: Claim, extract: Extractor, source: Source) -> Evidence:
-    """A run's evidence by the claim's extractor; a plan's: the planned job's parameter count."""
+    """A run's evidence by the claim's extractor, for an empirical claim only once the run meets
+    its experiment's training premise (:mod:`hopfield.claims.premises`); a plan's: the planned
+    job's parameter count."""
     if isinstance(source, PlanRecord):
         return source.parameters(claim.planned)
+    if claim.kind == "empirical":
+        check_premise(source)
     return extract(source)
 
 

@@ -62,6 +62,17 @@ class ExperimentRecord:
         return f"hopfield run {self.name} --preset {self.preset}"
 
     @property
+    def smoke_run(self) -> str | None:
+        """Why the run is a smoke run that tests no empirical claim (``--stand-in-data``,
+        ``--max-steps``), or ``None``."""
+        limits = self.data.get("limits") or {}
+        if limits.get("stand_in_data"):
+            return f"{self.name} trained on random stand-in data (a smoke run)"
+        if limits.get("stop_after") is not None:
+            return f"{self.name} was cut after {limits['stop_after']} steps (a smoke run)"
+        return None
+
+    @property
     def scale(self) -> str:
         """Where the evidence comes from: the preset of the run, and its folder where that is not
         the experiment's name (a second preset's record, ``outlier-formation-small``)."""
