@@ -678,3 +678,36 @@ def test_a_record_below_its_training_premise_tests_no_empirical_claim(tmp_path: 
     assert untrained["HS-S4.5-params-sudoku"]["verdict"] == "holds"  # counts need no training
     trained = sudoku(30.0)
     assert trained["HS-F3-sudoku"]["verdict"] != "premise absent at this scale"
+
+
+def test_datasets_and_sizes_are_strata_and_only_seeds_and_repeats_replicate(
+    tmp_path: Path,
+) -> None:
+    """MIL: one comparison per dataset over seeds (folds averaged within a seed); speed: one per
+    (d, L) point over the repeated timings there, on log CPU seconds."""
+    runs = {
+        f"{dataset}/{method}/{seed}/{fold}": {"test_auc": base + 0.01 * seed + 0.001 * fold}
+        for dataset in ("tiger", "fox", "elephant")
+        for method, base in (("sparse", 0.80), ("dense", 0.70))
+        for seed in range(3)
+        for fold in range(5)
+    }
+    write_record(tmp_path, "mil-benchmark", side={"runs.json": {"runs": runs}})
+    points = {
+        f"layer|16|{model}|{size}": {"cpu_seconds": t, "cpu_samples": [t * (1 + jitter * i)
+                                                                       for i in range(4)]}
+        for size in (512, 1024, 2048, 4096)
+        for model, t, jitter in (("dense", 1e-5 * size**2, 0.02), ("linear", 1e-3 * size, 0.05))
+    }  # fmt: skip
+    write_record(tmp_path, "efficiency", side={"measurements.json": {"points": points}})
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    sparse = records["NP-T5-sparse"]
+    assert [c["rival"] for c in sparse["comparisons"]] == [
+        "dense on tiger", "dense on fox", "dense on elephant"]  # fmt: skip
+    assert all(c["n"] == 3 and c["units"] == ["seed 0", "seed 1", "seed 2"]
+               for c in sparse["comparisons"])  # fmt: skip
+    assert sparse["verdict"] == "holds"  # 0.1 higher in every seed of every dataset
+    fast = records["NP-F6-fast"]
+    assert {c["rival"] for c in fast["comparisons"]} == {
+        "dense at d=16 L=2048 (log CPU s)", "dense at d=16 L=4096 (log CPU s)"}  # fmt: skip
+    assert all(c["n"] == 4 for c in fast["comparisons"]) and fast["verdict"] == "holds"

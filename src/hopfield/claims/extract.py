@@ -809,21 +809,31 @@ def mil_curves(models: Sequence[str], rival: str) -> Extractor:
 
 
 def mil_auc(model: str, rival: str, *, exclude: Sequence[str] = ()) -> Extractor:
-    """Fold-mean test ROC-AUC of ``mil-benchmark``, ``model`` against ``rival``, paired over
-    (dataset, seed), leaving out the datasets in ``exclude``."""
+    """Fold-mean test ROC-AUC of ``mil-benchmark``, ``model`` against ``rival``: one comparison
+    per dataset (a stratum, ``rival on DATASET``), paired over the training seeds (the
+    replicates; the folds of one seed are not independent), leaving out the datasets in
+    ``exclude``. The claim holds where it holds on every dataset."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         runs = _mil_runs(record)
 
-        def auc(method: str) -> Samples:
-            folds: dict[str, list[float]] = {}
+        def auc(method: str) -> dict[str, Samples]:
+            folds: dict[tuple[str, str], list[float]] = {}
             for key, r in runs.items():
                 dataset, which, seed, _fold = key.split("/")
                 if which == method and dataset not in exclude:
-                    folds.setdefault(f"{dataset} seed {seed}", []).append(float(r["test_auc"]))
-            return {u: statistics.fmean(v) for u, v in folds.items()}
+                    folds.setdefault((dataset, f"seed {seed}"), []).append(float(r["test_auc"]))
+            out: dict[str, Samples] = {}
+            for (dataset, seed), values in folds.items():
+                out.setdefault(dataset, {})[seed] = statistics.fmean(values)
+            return out
 
-        return [pair(rival, auc(model), auc(rival), model)]
+        ours, others = auc(model), auc(rival)
+        return [
+            pair(f"{rival} on {dataset}", ours[dataset], others[dataset], model)
+            for dataset in ours
+            if dataset in others
+        ]
 
     return empirical(read)
 
@@ -832,29 +842,39 @@ def mil_auc(model: str, rival: str, *, exclude: Sequence[str] = ()) -> Extractor
 
 
 def efficiency_time(models: Sequence[str], rival: str, *, mode: str = "layer") -> Extractor:
-    """Forward CPU time of each model against ``rival`` (``efficiency/measurements.json``),
-    paired over (d, L) at the larger half of the memory sizes, where the papers' asymptotic
-    claims apply. ``rival`` ``"lowest probability"`` compares a random-mask model with the
-    random-mask model of the lowest masked share."""
+    """Forward CPU time of each model against ``rival`` (``efficiency/measurements.json``) at
+    every ``(d, L)`` of the larger half of the memory sizes, where the papers' asymptotic claims
+    apply: one comparison per model and point, of the log times of its repeated timings (the
+    replicates, ``cpu_samples``; a record of medians only gives one each, too few to decide).
+    ``rival`` ``"lowest probability"`` compares a random-mask model with the random-mask model
+    of the lowest masked share."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         points = record.side("measurements.json")["points"]
-        times: dict[str, Samples] = {}
+        times: dict[str, dict[str, Samples]] = {}
         for key, p in points.items():
             p_mode, d, model, size = key.split("|")
             if p_mode == mode and not p.get("skipped"):
-                times.setdefault(model, {})[f"d={d} L={size}"] = float(p["cpu_seconds"])
+                samples = p.get("cpu_samples") or [p["cpu_seconds"]]
+                times.setdefault(model, {})[f"d={d} L={size}"] = {
+                    f"repeat {i}": math.log(float(t)) for i, t in enumerate(samples)
+                }
         sizes = sorted({int(u.split("L=")[1]) for s in times.values() for u in s})
         upper = set(sizes[len(sizes) // 2 :])
 
-        def large(model: str) -> Samples:
-            return {u: v for u, v in times.get(model, {}).items() if int(u.split("L=")[1]) in upper}
+        def compare(model: str, other: str) -> list[Comparison]:
+            mine, theirs = times.get(model, {}), times.get(other, {})
+            return [
+                pair(f"{other} at {point} (log CPU s)", mine[point], theirs[point], model)
+                for point in mine
+                if point in theirs and int(point.split("L=")[1]) in upper
+            ]
 
-        chosen = [m for m in sorted(times) if any(m.startswith(x) for x in models)]
         if rival == "lowest probability":
             randoms = sorted((m for m in times if m.startswith("random-")), key=_probability)
-            return [pair(randoms[0], large(m), large(randoms[0]), m) for m in randoms[1:]]
-        return [pair(rival, large(m), large(rival), m) for m in chosen if m != rival]
+            return [c for m in randoms[1:] for c in compare(m, randoms[0])]
+        chosen = [m for m in sorted(times) if any(m.startswith(x) for x in models)]
+        return [c for m in chosen if m != rival for c in compare(m, rival)]
 
     return empirical(read)
 

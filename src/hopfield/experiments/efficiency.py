@@ -450,6 +450,7 @@ def _measure_point(
     wall, cpu = timings(forward, config.repeats, config.warmup)
     point["seconds"] = statistics.median(wall)
     point["cpu_seconds"] = statistics.median(cpu)
+    point["cpu_samples"] = cpu  # the repeats: the replicates the claims ledger tests on
     if config.measure_memory:
         point["peak_bytes"] = peak_bytes(forward)
     return point
