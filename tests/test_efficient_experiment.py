@@ -128,6 +128,7 @@ def test_tiny_run_tables_figures_and_resume(tmp_path: Path, monkeypatch) -> None
         "Forward CPU time (ms, median)",
         "Peak memory (MiB)",
         "Analytic FLOPs",
+        "Matrix-product FLOPs",
     }
     tiny = PRESETS["tiny"]
     rows = tables["Forward CPU time (ms, median)"]["rows"]
@@ -163,3 +164,19 @@ def test_docs_examples_run() -> None:
     assert blocks
     for index, block in enumerate(blocks):
         exec(compile(block, f"docs/efficient.md[python block {index}]", "exec"), {})
+
+
+def test_matrix_products_by_hand() -> None:
+    """L = S = 8 memories, d = 4, one head, batch 1: dense 4·8·8·4 = 1024; Top-K(20 %) keeps 1
+    of 8: 2·8·8·4 + 2·8·1·4 = 576; linear 4·8·4·4 = 512. No separation or sort is counted, so
+    sparsemax equals dense."""
+    from hopfield.experiments.efficiency import matrix_product_flops
+
+    config = PRESETS["tiny"]
+    count = {
+        n: matrix_product_flops(n, 1, 1, 8, 4, config)
+        for n in ("dense", "sparsemax", "topk", "linear")
+    }
+    assert count == {"dense": 1024.0, "sparsemax": 1024.0, "topk": 576.0, "linear": 512.0}
+    with pytest.raises(ValueError, match="unknown model"):
+        matrix_product_flops("lstm", 1, 1, 8, 4, config)

@@ -893,8 +893,10 @@ FAR_FEWER, SHARED = 0.1, 0.1
 def efficiency_flops(
     efficient: Sequence[str], shared: Sequence[tuple[str, str]], *, mode: str = "layer"
 ) -> Extractor:
-    """Figure 7 from the ``Analytic FLOPs`` table of an ``efficiency`` record (mode ``layer``:
-    the Hopfield layer the paper measured), at every ``d`` of the record.
+    """Figure 7 from the ``Matrix-product FLOPs`` table of an ``efficiency`` record (mode
+    ``layer``: the Hopfield layer the paper measured), at every ``d`` of the record: the
+    matrix products, which the paper's fvcore counted (the ``Analytic FLOPs`` table, every
+    operation, is extra information; a record without the matrix-product table tests nothing).
 
     The counts are exact: :func:`~hopfield.experiments.efficiency.analytic_flops` evaluates each
     algorithm's operation count at each ``(d, L)``, so they carry no noise and no seeds, and the
@@ -903,13 +905,11 @@ def efficiency_flops(
     ``d``: every model starting with a name in ``efficient`` needs at most :data:`FAR_FEWER` of
     dense's FLOPs at the largest ``L`` (the figure's "far fewer"); every ``(a, b)`` of ``shared``
     has counts within :data:`SHARED` of each other at every ``L`` ("the lines overlap"). The
-    detail gives the ratios. Our counts include every operation of the algorithm (sparsemax's
-    sort, the random-feature map), where the paper's fvcore counts matrix products, so two models
-    whose matrix products agree can differ here.
+    detail gives the ratios.
     """
 
     def extract(record: ExperimentRecord) -> Evidence:
-        columns, rows = record.table("Analytic FLOPs")
+        columns, rows = record.table("Matrix-product FLOPs")
         counts: dict[tuple[int, str], list[float]] = {
             (int(r[1]), str(r[2])): [float(v) for v in r[3:] if v is not None]
             for r in rows

@@ -237,6 +237,35 @@ def family(name: str) -> str:
     return name.split("-", 1)[0]
 
 
+def matrix_product_flops(
+    name: str, batch: int, heads: int, length: int, dim: int, config: Config
+) -> float:
+    """The matrix products of :func:`analytic_flops` alone (multiply-add = 2), what fvcore,
+    which the nonparametric paper's Figure 7 used, counts: scores and weighted sums ``4·L·n·d``
+    for ``n`` memories per query (Top-K: the full score matrix ``2·L·S·d``, then ``2·L·K·d``),
+    linear ``φ(K)ᵀV`` and ``φ(Q)·state`` ``4·L·d·d``, random features their projections
+    ``4·L·m·d`` and the linear terms with ``m`` in place of ``d``; no separation, sort,
+    selection or feature-map element-wise work."""
+    n_all = length
+    if name in ("dense", "sparsemax"):
+        per_head = 4 * length * n_all * dim
+    elif name == "topk":
+        kept = max(1, int(config.topk_fraction * n_all))
+        per_head = 2 * length * n_all * dim + 2 * length * kept * dim
+    elif name.startswith("random-"):
+        kept = max(1, int((1 - float(name.split("-", 1)[1])) * n_all))
+        per_head = 4 * length * kept * dim
+    elif name.startswith("window-"):
+        per_head = 4 * length * min(2 * window_size(name, length) + 1, n_all) * dim
+    elif name == "linear":
+        per_head = 4 * length * dim * dim
+    elif name in ("rf", "rf-relu"):
+        per_head = 8 * length * RandomFeatures().features_for(dim) * dim
+    else:
+        raise ValueError(f"unknown model {name!r}")
+    return float(batch * heads * per_head)
+
+
 def analytic_flops(
     name: str, batch: int, heads: int, length: int, dim: int, config: Config
 ) -> float:
@@ -273,10 +302,19 @@ def analytic_flops(
     return float(batch * heads * per_head)
 
 
-def layer_flops(name: str, batch: int, length: int, dim: int, heads: int, config: Config) -> float:
-    """FLOPs of the Hopfield layer: four ``d × d`` projections plus the association per head."""
+def layer_flops(
+    name: str,
+    batch: int,
+    length: int,
+    dim: int,
+    heads: int,
+    config: Config,
+    count: Callable[..., float] = analytic_flops,
+) -> float:
+    """FLOPs of the Hopfield layer: four ``d × d`` projections plus the association per head,
+    counted by ``count`` (:func:`analytic_flops` or :func:`matrix_product_flops`)."""
     projections = 4 * 2 * batch * length * dim * dim
-    return projections + analytic_flops(name, batch, heads, length, dim // heads, config)
+    return projections + count(name, batch, heads, length, dim // heads, config)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -430,12 +468,19 @@ def _measure_point(
     previous: tuple[int, float, float] | None,
 ) -> dict[str, Any]:
     heads = 1 if mode == "association" else config.layer_heads
-    flops = (
-        analytic_flops(name, config.batch, 1, length, dim, config)
-        if mode == "association"
-        else layer_flops(name, config.batch, length, dim, heads, config)
-    )
-    point: dict[str, Any] = {"seconds": None, "peak_bytes": None, "flops": flops, "skipped": ""}
+
+    def flops(count: Callable[..., float]) -> float:
+        if mode == "association":
+            return count(name, config.batch, 1, length, dim, config)
+        return layer_flops(name, config.batch, length, dim, heads, config, count)
+
+    point: dict[str, Any] = {
+        "seconds": None,
+        "peak_bytes": None,
+        "flops": flops(analytic_flops),
+        "matrix_flops": flops(matrix_product_flops),
+        "skipped": "",
+    }
     if previous is not None:
         last_length, last_seconds, last_bytes = previous
         growth = (length / last_length) ** (2 if family(name) in QUADRATIC else 1.5)
@@ -491,8 +536,15 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
         "cpu_seconds": [],
         "peak_bytes": [],
         "flops": [],
+        "matrix_flops": [],
     }
-    scale = {"seconds": 1e3, "cpu_seconds": 1e3, "peak_bytes": 2.0**-20, "flops": 1.0}
+    scale = {
+        "seconds": 1e3,
+        "cpu_seconds": 1e3,
+        "peak_bytes": 2.0**-20,
+        "flops": 1.0,
+        "matrix_flops": 1.0,
+    }
     metrics: dict[str, float] = {}
     for mode in config.modes:
         for dim in config.dims:
@@ -588,6 +640,13 @@ def summarise(config: Config, points: dict[str, dict[str, Any]]) -> Results:
             rows["flops"],
             caption="Algorithmic counts (see analytic_flops); dense and sparsemax differ only "
             "in the separation, linear and RF only in the feature map.",
+        ),
+        Table(
+            "Matrix-product FLOPs",
+            head + size_cols,
+            rows["matrix_flops"],
+            caption="The matrix products alone (see matrix_product_flops), what fvcore counts "
+            "and the paper's Figure 7 shows; the claims ledger judges the figure on these.",
         ),
     ]
     skipped = [f"{k}: {p['skipped']}" for k, p in points.items() if p.get("skipped")]
