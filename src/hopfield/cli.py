@@ -404,6 +404,7 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.claims.report import write_ledger
     from hopfield.experiments.runner import reproduce
     from hopfield.report import build_report, find_records
     from hopfield.training import leave_process_group, process_layout
@@ -425,6 +426,7 @@ def _reproduce_command(args: argparse.Namespace, argv: Sequence[str] | None) -> 
             print(f"skipped: {name}: {reason}")
         if find_records(Path(args.out)):  # none when every experiment was skipped
             print(f"report:  {build_report(args.out)}")
+        write_ledger(args.out)
         print(f"claims:  {Path(args.out) / 'CLAIMS.md'}")
     leave_process_group(exit_status=0)
     return 0

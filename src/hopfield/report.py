@@ -18,8 +18,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from hopfield.experiments.results import Results, Table, format_cell
+from hopfield.experiments.results import Results
 from hopfield.experiments.runner import RESULTS_FILE, load_record, settings_parts
+from hopfield.tables import Table, format_cell
 
 REPORT_FILE = "REPORT.md"
 
@@ -85,13 +86,6 @@ def build_report(root: Path | str, output: Path | str | None = None) -> Path:
     return target
 
 
-def table_markdown(table: Table) -> str:
-    """``table`` as the report renders it, without its heading: the caption (if any) and the
-    Markdown table."""
-    lines = table.to_markdown().split("\n")
-    return "\n".join(lines[2:])  # drop "### name" and the blank line after it
-
-
 def find_table(results_dir: Path | str, experiment: str, name: str) -> Table:
     """The table ``name`` (exact) of ``results_dir/experiment/results.json``; ``ValueError`` if
     the record or the table is missing."""
@@ -109,7 +103,7 @@ def find_table(results_dir: Path | str, experiment: str, name: str) -> Table:
 def render_doc_blocks(doc_text: str, results_dir: Path | str) -> str:
     """``doc_text`` with every generated block (``<!-- generated: EXPERIMENT/TABLE NAME -->`` …
     ``<!-- /generated -->``) filled with that table of the record in ``results_dir``, rendered
-    by :func:`table_markdown` between blank lines; the block ``claims/ledger``
+    by :meth:`~hopfield.tables.Table.body_markdown` between blank lines; the block ``claims/ledger``
     (:data:`LEDGER_BLOCK`) holds the claims ledger of ``results_dir``
     (:func:`hopfield.claims.report.ledger_section`). Text outside the blocks is unchanged."""
 
@@ -120,7 +114,7 @@ def render_doc_blocks(doc_text: str, results_dir: Path | str) -> str:
 
             body = ledger_section(results_dir)
         else:
-            body = table_markdown(find_table(results_dir, experiment, name))
+            body = find_table(results_dir, experiment, name).body_markdown()
         return f"<!-- generated: {experiment}/{name} -->\n\n{body}\n\n<!-- /generated -->"
 
     return GENERATED_BLOCK.sub(fill, doc_text)

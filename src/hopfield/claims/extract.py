@@ -17,6 +17,8 @@ from typing import Any
 from hopfield.claims.claim import Claim, Comparison, Evidence, Extractor, Measured, NotTested
 from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 from hopfield.claims.verdict import PREMISE_ABSENT, TOY_STAND_IN
+from hopfield.models.stanhop import figure_layer
+from hopfield.outliers.metrics import COMPONENTS
 
 __all__ = [
     "benchmark_pairs",
@@ -455,9 +457,7 @@ def outlier_reduction(metric: str) -> Extractor:
 
 def _component_column(family: str, label: str) -> str:
     """The per-layer tables' column of the component ``label`` (``"FFN 2"``, ``"attention LN"``;
-    :data:`~hopfield.experiments.outliers_tasks.COMPONENTS`)."""
-    from hopfield.experiments.outliers_tasks import COMPONENTS
-
+    :data:`~hopfield.outliers.metrics.COMPONENTS`)."""
     return COMPONENTS[family][label].lstrip(".") or "block"
 
 
@@ -524,7 +524,7 @@ def outlier_depth(family: str) -> Extractor:
 
 def outlier_component(family: str, component: str) -> Extractor:
     """Figure 4: OutEffHop against vanilla on the mean inf norm of ``component`` (a
-    :data:`~hopfield.experiments.outliers_tasks.COMPONENTS` label) in the figure's layer
+    :data:`~hopfield.outliers.metrics.COMPONENTS` label) in the figure's layer
     ``L − 2`` (``component_inf_norms`` of each run, at evaluation), paired over seeds."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
@@ -683,13 +683,11 @@ def stanhop_curves(pairs: Sequence[tuple[str, str]]) -> Extractor:
     """Figure 2(d): per pair ``(counterpart, OutEffHop variant)`` of ``stanhop-outliers``
     models, the variant against its counterpart on the mean over a run's training curve of
     ``max |x|`` at the figure's decoder layer
-    (:func:`~hopfield.experiments.stanhop_outliers.figure_layer` of the record's ``e_layers``),
+    (:func:`~hopfield.models.stanhop.figure_layer` of the record's ``e_layers``),
     paired over (dataset, horizon, seed) on the real datasets. Runs without a curve (recorded
     before curves were kept) are left out."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
-        from hopfield.experiments.stanhop_outliers import figure_layer
-
         if "e_layers" not in record.config:
             raise NotTested(f"stanhop-outliers at {record.preset} records no e_layers")
         layer = f"decoder.{figure_layer(int(record.config['e_layers']))}"

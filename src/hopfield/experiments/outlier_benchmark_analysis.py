@@ -381,8 +381,6 @@ def curve_figures(
 def render_doc(results_dir: Path | str, protocol: Mapping[str, Any] | None = None) -> str:
     """``docs/outlier-benchmark.md`` from the record in ``results_dir/outlier-benchmark`` (and
     the ledger's ``claims.json`` there), or, without a record, the protocol and "not run yet"."""
-    from hopfield.report import table_markdown
-
     protocol = protocol or load_protocol()
     folder = Path(results_dir) / "outlier-benchmark"
     lines = [_DOC_HEAD.strip(), "", "## Protocol (fixed before any run)", ""]
@@ -405,7 +403,7 @@ def render_doc(results_dir: Path | str, protocol: Mapping[str, Any] | None = Non
     for name in results.figures:
         lines += ["", f"![{name}](../results/outlier-benchmark/{name})"]
     for table in results.tables:
-        lines += ["", f"### {table.name}", "", table_markdown(table)]
+        lines += ["", f"### {table.name}", "", table.body_markdown()]
     lines += ["", "## Notes", ""] + [f"- {note}" for note in results.notes]
     return "\n".join(lines) + "\n"
 

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 from hopfield.data.files import DataNotFoundError, data_root
 from hopfield.experiments.registry import ConfigError
 from hopfield.experiments.results import RunContext
+from hopfield.outliers.metrics import COMPONENTS
 
 __all__ = [
     "COMPONENTS",
@@ -76,34 +77,6 @@ FAMILY_PREFIX = {
     "opt": r"model\.decoder\.layers\.{j}",
     "vit": r"vit\.layers\.{j}",
 }
-
-#: Per family: component label -> module suffix inside a layer ("" = the block output).
-COMPONENTS: dict[str, dict[str, str]] = {
-    "bert": {
-        "attention out": ".attention.output.dense",
-        "attention LN": ".attention.output.LayerNorm",
-        "FFN 1": ".intermediate.dense",
-        "FFN 2": ".output.dense",
-        "FFN LN": ".output.LayerNorm",
-    },
-    "opt": {
-        "attention LN": ".self_attn_layer_norm",
-        "attention out": ".self_attn.out_proj",
-        "FFN LN": ".final_layer_norm",
-        "FFN 1": ".fc1",
-        "FFN 2": ".fc2",
-        "block": "",
-    },
-    "vit": {
-        "attention LN": ".layernorm_before",
-        "attention out": ".attention.o_proj",
-        "FFN LN": ".layernorm_after",
-        "FFN 1": ".mlp.fc1",
-        "FFN 2": ".mlp.fc2",
-        "block": "",
-    },
-}
-
 
 def component_name(family: str, layer: int, component: str) -> str:
     """The module name of ``component`` (a :data:`COMPONENTS` label) in layer ``layer``."""

@@ -22,7 +22,6 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import numpy as np
 import torch
 
-from hopfield.claims.report import write_ledger
 from hopfield.data.files import DataNotFoundError
 from hopfield.experiments.provenance import code_version
 from hopfield.experiments.registry import ConfigError, Experiment, all_experiments, get
@@ -540,9 +539,9 @@ def reproduce(
     """Run every experiment marked for reproduction (or those in ``only``) at ``preset``.
 
     Experiments whose datasets are absent are skipped, not fatal. Returns the results files and
-    ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``). Ends
-    with the claims ledger of ``out`` (``out/claims.json``, ``out/CLAIMS.md``: every paper claim
-    judged from the records there, :func:`hopfield.claims.report.write_ledger`). With
+    ``{experiment: reason}`` for the skipped ones (also written to ``out/skipped.json``);
+    ``hopfield reproduce`` then writes the claims ledger of ``out``
+    (:func:`hopfield.claims.report.write_ledger`: experiments never import the ledger). With
     ``overwrite=False`` a finished run of other settings in ``out`` raises
     :class:`ExistingRunError` before any experiment runs.
     """
@@ -575,7 +574,6 @@ def reproduce(
     if process_layout()[0] == 0:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "skipped.json").write_text(json.dumps(skipped, indent=2))
-        write_ledger(out)
     return paths, skipped
 
 

@@ -61,7 +61,7 @@ from hopfield.experiments.forecasting_common import (
 )
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
-from hopfield.models.stanhop import ASSOCIATION_KINDS, Association, STanHopNet
+from hopfield.models.stanhop import ASSOCIATION_KINDS, Association, STanHopNet, figure_layer
 from hopfield.outliers import ActivationRecorder, quantize_w8a8
 
 #: (dataset, horizon, in_len, seg_len, learning rate, batch size).
@@ -470,13 +470,6 @@ def _train(
     record = measure(model, splits, config, training.eval_batch)
     record.update(fitted.to_dict())
     save_run(ctx, runs, key, record, identity=identity, folder=folder, finished=fitted.finished)
-
-
-def figure_layer(e_layers: int) -> int:
-    """The decoder layer Figure 2(d) draws: the paper's layer 9 of the 12 decoder layers (E = 11),
-    read as index 9 (as the ``outliers`` experiment reads BERT's layer 10 of 12), i.e. the third
-    from the top at any depth; index 0 when there are fewer than three."""
-    return max(0, e_layers - 2)
 
 
 @dataclass

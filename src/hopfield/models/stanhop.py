@@ -43,6 +43,7 @@ __all__ = [
     "STanHopNet",
     "SegmentEmbedding",
     "SegmentMerging",
+    "figure_layer",
 ]
 
 ASSOCIATION_KINDS = (
@@ -428,3 +429,10 @@ class STanHopNet(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         tables = self.encoder_position.numel() + self.decoder_position.numel()
         return {"total": total, "without_position_tables": total - tables}
+
+
+def figure_layer(e_layers: int) -> int:
+    """The decoder layer Figure 2(d) draws: the paper's layer 9 of the 12 decoder layers (E = 11),
+    read as index 9 (as the ``outliers`` experiment reads BERT's layer 10 of 12), i.e. the third
+    from the top at any depth; index 0 when there are fewer than three."""
+    return max(0, e_layers - 2)

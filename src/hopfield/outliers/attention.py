@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from hopfield.experiments.results import Table
+from hopfield.tables import Table
 
 __all__ = ["AttentionRecorder"]
 

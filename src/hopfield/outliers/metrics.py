@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from hopfield.experiments.results import Table
+from hopfield.tables import Table
 
 __all__ = [
     "MODULE_SELECTIONS",
@@ -90,6 +90,33 @@ class ModuleSelection:
 _BERT_LAYER = r"(?:bert\.)?encoder\.layer\.\d+"
 _OPT_LAYER = r"(?:model\.)?decoder\.layers\.\d+"
 _VIT_LAYER = r"(?:vit\.)?(?:encoder\.layer|layers)\.\d+"
+
+#: Per family: component label -> module suffix inside a layer ("" = the block output).
+COMPONENTS: dict[str, dict[str, str]] = {
+    "bert": {
+        "attention out": ".attention.output.dense",
+        "attention LN": ".attention.output.LayerNorm",
+        "FFN 1": ".intermediate.dense",
+        "FFN 2": ".output.dense",
+        "FFN LN": ".output.LayerNorm",
+    },
+    "opt": {
+        "attention LN": ".self_attn_layer_norm",
+        "attention out": ".self_attn.out_proj",
+        "FFN LN": ".final_layer_norm",
+        "FFN 1": ".fc1",
+        "FFN 2": ".fc2",
+        "block": "",
+    },
+    "vit": {
+        "attention LN": ".layernorm_before",
+        "attention out": ".attention.o_proj",
+        "FFN LN": ".layernorm_after",
+        "FFN 1": ".mlp.fc1",
+        "FFN 2": ".mlp.fc2",
+        "block": "",
+    },
+}
 
 #: The spec's module selections (§4.2) for the Hugging Face BERT, OPT and ViT models.
 MODULE_SELECTIONS: dict[str, ModuleSelection] = {
