@@ -8,7 +8,9 @@ exit status 2, as argparse's own errors; so is a command that needs a package of
 install lacks (the line names the extra and the command that works from a clone:
 ``pip install -e ".[experiments]"``; hopfield is on no package index), and so is a
 ``--data-dir`` that is no folder; Ctrl-C during ``run``/``reproduce`` says which folder holds
-the stopped run (the same command resumes it) and exits with 130; a full disk is one line naming
+the stopped run (the same command resumes it) and exits with 130; SIGUSR1 or SIGTERM (a
+scheduler's preemption) stops a training run at its next optimiser step with a checkpoint there
+and exits with 75 (:data:`PREEMPTED`, for a job script to requeue); a full disk is one line naming
 the file that could not be written (exit status 1). Anything else is a bug and keeps its
 traceback.
 """
@@ -31,6 +33,9 @@ from hopfield.experiments.registry import PRESETS, ConfigError, all_experiments,
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 DISK_FULL = 1
+#: SIGUSR1/SIGTERM stopped ``run``/``reproduce`` (a checkpoint at the step boundary; the same
+#: command resumes): sysexits.h's EX_TEMPFAIL, "try again later", for a SLURM script's requeue.
+PREEMPTED = 75
 
 #: Optional packages the commands import, as ``{module: (pip name, extra that installs it)}``;
 #: a command that imports one the install lacks names the extra in its one-line error.
@@ -90,12 +95,16 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
-def _exit(status: int, command: str, message: str) -> NoReturn:
-    from hopfield.training import process_layout
+def _exit(status: int, command: str, message: str, *, together: bool = False) -> NoReturn:
+    """Print ``message`` (on the main process) and end with ``status``; ``together``: every
+    process of a multi-process run got here, and they leave the process group together."""
+    from hopfield.training import leave_process_group, process_layout
 
     line = f"hopfield {command}: {_one_line(message)}"
     if process_layout()[0] == 0:  # one line per launch, not per process
         print(line, file=sys.stderr, flush=True)
+    if together:
+        leave_process_group(exit_status=status)
     raise CommandExit(status, line)
 
 
@@ -496,11 +505,21 @@ def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | Non
     return None
 
 
+def _preemption_of(stop: KeyboardInterrupt) -> KeyboardInterrupt | None:
+    """The :class:`~hopfield.training.Preempted` behind ``stop`` (itself or its cause), if any."""
+    from hopfield.training import Preempted
+
+    for error in (stop, stop.__cause__):
+        if isinstance(error, Preempted):
+            return error
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default ``sys.argv[1:]``); returns 0 when it succeeds.
 
     A user error prints one line to stderr and raises ``SystemExit`` with status 2 (Ctrl-C:
-    130), whose ``str()`` is that line.
+    130; SIGUSR1/SIGTERM, a preemption: 75), whose ``str()`` is that line.
     """
     args = build_parser().parse_args(argv)
     try:
@@ -518,14 +537,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = str(error) if isinstance(error, DiskFullError) else f"no space left: {error}"
         _exit(DISK_FULL, args.command, line)
     except KeyboardInterrupt as stop:
+        preempted = _preemption_of(stop)
+        status = INTERRUPTED if preempted is None else PREEMPTED
+        what = "interrupted" if preempted is None else str(preempted)
         folder = _stopped_in(args, stop)
-        if folder is None:
-            _exit(INTERRUPTED, args.command, "interrupted")
-        _exit(
-            INTERRUPTED,
-            args.command,
-            f"interrupted; the run so far is in {folder}, and the same command resumes it",
-        )
+        if folder is not None:
+            what += f"; the run so far is in {folder}, and the same command resumes it"
+        # a training loop's preemption stopped every process after the same step
+        _exit(status, args.command, what, together=getattr(preempted, "step", None) is not None)
     except Exception as error:
         if not isinstance(error, _user_errors()):
             raise

@@ -35,6 +35,11 @@ scalar``:
   and one that cannot be read back is removed with a warning naming its file and the run resumes
   from the one before (or starts over when none is left). A full disk raises
   :class:`DiskFullError` (one line naming the file; no temporary file is left behind);
+* **preemption**: SIGUSR1 or SIGTERM (a scheduler's warning before it ends the job) during
+  :meth:`Trainer.fit` asks the run to stop at the next optimiser-step boundary: every process
+  learns of the request there (a flag reduced over the processes), a checkpoint of that step is
+  written and :class:`Preempted` is raised; the same command resumes from it exactly. Outside the
+  step loop of a fit, under :func:`preemptible`, the signal raises :class:`Preempted` at once;
 * a **progress bar** (tqdm) and a **JSON-lines log** ``out_dir/log.jsonl``, one record every
   ``log_every`` steps: ``step``, ``epoch``, mean training ``loss`` since the previous record,
   ``lr``, ``grad_norm`` (before clipping), ``max_abs`` (``{module name: max |x|}`` of the outputs
@@ -76,7 +81,9 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -95,11 +102,13 @@ __all__ = [
     "COLLECTIVE_TIMEOUT_VARIABLE",
     "FULL_DISK_ERRORS",
     "OPTIMIZERS",
+    "PREEMPTION_SIGNALS",
     "SCHEDULES",
     "BatchOrder",
     "DiskFullError",
     "MaxAbsMonitor",
     "MicroBatchSampler",
+    "Preempted",
     "TrainResult",
     "Trainer",
     "TrainingConfig",
@@ -109,6 +118,8 @@ __all__ = [
     "lr_factor",
     "micro_batch_layout",
     "parameter_groups",
+    "preemptible",
+    "preemption_requested",
     "process_layout",
     "read_log",
     "steps_per_epoch",
@@ -622,6 +633,89 @@ def leave_process_group(*, exit_status: int | None = None) -> None:
     os._exit(exit_status)
 
 
+#: Signals that preempt a run (:func:`preemptible`): SLURM's ``--signal=USR1@T`` warning and the
+#: SIGTERM a scheduler sends before it kills a job.
+PREEMPTION_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class Preempted(KeyboardInterrupt):
+    """A preemption signal stopped the run (:func:`preemptible`).
+
+    Attributes:
+        signal_name: the signal this process received (``None``: another process received it).
+        step: the optimiser step the run stopped after (``None``: outside a training loop).
+        checkpoint: the checkpoint written at that step (``None``: outside a training loop).
+    """
+
+    def __init__(
+        self, signal_name: str | None, step: int | None = None, checkpoint: Path | None = None
+    ) -> None:
+        where = "" if step is None else f" after step {step} (checkpoint {checkpoint})"
+        super().__init__(f"preempted by {signal_name or 'a signal to another process'}{where}")
+        self.signal_name = signal_name
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+class _Preemption:
+    """The state of :func:`preemptible` in this process: the signal received (if any), how many
+    blocks installed the handlers and how many defer the stop to a step boundary."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.installed = 0
+        self.deferred = 0
+
+
+_PREEMPTION = _Preemption()
+
+
+def _on_preemption_signal(signum: int, frame: Any) -> None:
+    _PREEMPTION.signal_name = signal.Signals(signum).name
+    if not _PREEMPTION.deferred:
+        raise Preempted(_PREEMPTION.signal_name)
+
+
+@contextmanager
+def preemptible(*, defer: bool = False) -> Iterator[None]:
+    """While the block runs, a signal of :data:`PREEMPTION_SIGNALS` preempts it.
+
+    With ``defer=False`` the signal raises :class:`Preempted` (a ``KeyboardInterrupt``) at once;
+    with ``defer=True`` (:meth:`Trainer.fit`'s step loop) it is only noted, and the code asks
+    :func:`preemption_requested` at its next safe point (a step boundary, where the trainer
+    writes a checkpoint and raises :class:`Preempted` itself); a signal noted but not acted on
+    when the last deferring block ends raises :class:`Preempted` there. Blocks nest (the runner
+    wraps the whole experiment, each fit its loop); the handlers are installed by the outermost
+    block and the previous ones restored when it ends. Outside the main thread (where Python
+    cannot install handlers) the block runs without them.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    state = _PREEMPTION
+    previous = {}
+    if state.installed == 0:
+        state.signal_name = None
+        previous = {s: signal.signal(s, _on_preemption_signal) for s in PREEMPTION_SIGNALS}
+    state.installed += 1
+    state.deferred += int(defer)
+    try:
+        yield
+    finally:
+        state.deferred -= int(defer)
+        state.installed -= 1
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if defer and state.deferred == 0 and state.signal_name is not None:
+        raise Preempted(state.signal_name)
+
+
+def preemption_requested() -> str | None:
+    """The name of the preemption signal this process received under :func:`preemptible`
+    (``None``: none)."""
+    return _PREEMPTION.signal_name
+
+
 class DiskFullError(OSError):
     """No space was left on the device to write a file of a run; the message names the file
     (one line), and the temporary file of the write is removed."""
@@ -1128,6 +1222,10 @@ class Trainer:
         Returns:
             :class:`TrainResult`; ``result.log`` holds every record since step 0. With
             ``select_metric`` and ``restore_best`` the model holds the best weights afterwards.
+
+        Raises:
+            Preempted: SIGUSR1 or SIGTERM arrived during the loop (:func:`preemptible`); every
+                process stopped after the same step and its checkpoint is written.
         """
         cfg, acc = self.config, self.accelerator
         limits = [self.total_steps, until_step, cfg.stop_after]
@@ -1150,11 +1248,14 @@ class Trainer:
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
         self._feed = self._batches(end)
         try:
-            while self.step < end and not stopped:
-                stopped = self._one_step(bar)
-                at_checkpoint = self._due(self.checkpoint_every, self.step)
-                if at_checkpoint or stopped or self.step in (end, self.total_steps):
-                    self.save_checkpoint()
+            with preemptible(defer=True):
+                while self.step < end and not stopped:
+                    stopped = self._one_step(bar)
+                    last = stopped or self.step in (end, self.total_steps)
+                    if self._preempted():
+                        raise Preempted(preemption_requested(), self.step, self.save_checkpoint())
+                    if last or self._due(self.checkpoint_every, self.step):
+                        self.save_checkpoint()
         finally:
             self.monitor.active = False
             self._feed = iter(())  # ends the data workers
@@ -1173,6 +1274,14 @@ class Trainer:
             best=dict(selection.get("metrics", {})),
             processes=acc.num_processes,
         )
+
+    def _preempted(self) -> bool:
+        """Whether a process received a preemption signal (:func:`preemptible`); under several
+        processes the flags are reduced at every step boundary, so all of them stop there."""
+        flag = torch.tensor([float(preemption_requested() is not None)], dtype=torch.float64)
+        if self.accelerator.num_processes > 1:
+            flag = _all_reduce(flag, "max")
+        return bool(flag.item())
 
     def _one_step(self, bar: Any) -> bool:
         """Train one optimiser step, log and evaluate when due; whether to stop early."""

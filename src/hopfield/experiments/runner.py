@@ -7,12 +7,8 @@ import os
 import platform
 import random
 import shutil
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,14 +26,17 @@ from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import (
     FULL_DISK_ERRORS,
     DiskFullError,
+    Preempted,
     collective_timeout,
+    preemptible,
     process_layout,
     warn_if_processes_were_lost,
 )
 
 RESULTS_FILE = "results.json"
 #: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
-#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C, SIGTERM) or ``"failed"`` when it ends so;
+#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C; SIGUSR1 or SIGTERM, a preemption, with
+#: ``"preempted": {"signal", "step"}``) or ``"failed"`` when it ends so;
 #: one still ``"running"`` there was killed and reads back as ``"killed"``); the finished record
 #: carries the list and the totals instead.
 SITTINGS_FILE = "sittings.json"
@@ -332,24 +331,6 @@ def _put_back(unfinished: Path, before: str | None) -> None:
         unfinished.write_text(before)
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's or ``kill``'s stop) raises ``KeyboardInterrupt`` in the main thread
-    while the block runs, so that the sitting is recorded as stopped, as for Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_experiment(
     name: str,
     preset: str,
@@ -374,8 +355,11 @@ def run_experiment(
     grows and the CPU time does not), the number of processes that ran it, the run limits and the
     :class:`Results` (tables, metrics, figures). Both times are sums over the run's sittings
     (:data:`SITTINGS_FILE`): this one is recorded there as ``"running"`` when it starts and as
-    ``"stopped"`` (Ctrl-C, or SIGTERM, which raises :class:`RunInterrupted` as Ctrl-C does) or
-    ``"failed"`` when it ends so.
+    ``"stopped"`` (Ctrl-C; or SIGUSR1/SIGTERM, a preemption: a training loop stops at its next
+    optimiser step after writing a checkpoint there, elsewhere the run stops at once, and the
+    sitting says ``"preempted": {"signal", "step"}``) or ``"failed"`` when it ends so; either
+    raises :class:`RunInterrupted` (from the :class:`~hopfield.training.Preempted` of a
+    preemption).
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
@@ -443,23 +427,24 @@ def run_experiment(
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0, cpu0 = time.perf_counter(), time.process_time()
 
-    def sitting(outcome: str) -> dict[str, Any]:
+    def sitting(outcome: str, **more: Any) -> dict[str, Any]:
         return {
             "started_at": started,
             "wall_time_s": time.perf_counter() - t0,
             "cpu_time_s": time.process_time() - cpu0,
             "outcome": outcome,
+            **more,
         }
 
-    def keep(outcome: str) -> None:
-        kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
+    def keep(outcome: str, **more: Any) -> None:
+        kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome, **more)]}
         context.save_json(SITTINGS_FILE, kept)
 
     unfinished = context.path(SITTINGS_FILE)
     before = unfinished.read_text() if unfinished.is_file() else None
     keep("running")  # what a killed sitting leaves (a stopped or failed one says so below)
     try:
-        with _terminate_as_interrupt():
+        with preemptible():  # SIGUSR1/SIGTERM: a training loop stops at its next step
             results = experiment.run(config, context)
     except (ConfigError, DataNotFoundError):  # refused before any work: no sitting, no folder
         if context.is_main_process:
@@ -469,7 +454,12 @@ def run_experiment(
         raise
     except (KeyboardInterrupt, Exception) as stop:
         try:
-            keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
+            if isinstance(stop, Preempted):
+                keep("stopped", preempted={"signal": stop.signal_name, "step": stop.step})
+                if stop.step is not None and state is not None:
+                    state.wait_for_everyone()  # all stopped at this step: none leaves early
+            else:
+                keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
         except DiskFullError:
             if not (isinstance(stop, OSError) and stop.errno in FULL_DISK_ERRORS):
                 raise
