@@ -167,6 +167,11 @@ class TrainingConfig:
         grad_clip: maximum global gradient norm (``None`` or ``0`` = no clipping).
         decay_norm_weights: also decay normalisation weights (LayerNorm γ); biases never decay.
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        tf32: let float32 matrix products run on the tensor cores in TF32 (10-bit mantissa) on
+            CUDA (``torch.backends.cuda.matmul.allow_tf32``, a setting of the process that the
+            trainer sets from this field): an A100's float32 peak goes from 19.5 to 156 TFLOP/s,
+            an H100's from 67 to 495. Off (PyTorch's default since 1.12, and what the fp32
+            paper presets keep); cuDNN's convolutions use TF32 either way (PyTorch's default).
         seed: seed of the data order (the global RNGs are seeded by the caller).
         checkpoint_every: checkpoint period (steps or ``"epoch"``; ``0`` = only at the end).
         keep_checkpoints: how many of the newest checkpoints to keep (default 2: when the newest
@@ -210,6 +215,7 @@ class TrainingConfig:
     grad_clip: float | None = 1.0
     decay_norm_weights: bool = False
     mixed_precision: str = "no"
+    tf32: bool = False
     seed: int = 0
     checkpoint_every: Period = 0
     keep_checkpoints: int = 2
@@ -261,6 +267,8 @@ class TrainingConfig:
             raise ValueError(
                 f"mixed_precision must be 'no', 'fp16' or 'bf16', got {self.mixed_precision!r}"
             )
+        if not isinstance(self.tf32, bool):
+            raise TypeError(f"tf32 must be a bool, got {self.tf32!r}")
         if self.select_mode not in ("min", "max"):
             raise ValueError(f"select_mode must be 'min' or 'max', got {self.select_mode!r}")
         if self.patience and self.select_metric is None:
@@ -909,6 +917,8 @@ class Trainer:
                 kwargs_handlers=[ddp, InitProcessGroupKwargs(timeout=collective_timeout())],
             )
         self.accelerator = accelerator
+        if accelerator.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = config.tf32
         self.config = config
         self.dataset = dataset
         self.loss_fn = loss_fn

@@ -346,6 +346,7 @@ def run_experiment(
     stand_in_data: bool = False,
     overwrite: bool = True,
     data_workers: int = 0,
+    tf32: bool = False,
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -364,8 +365,8 @@ def run_experiment(
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
     seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
-    ``mixed_precision``, ``stand_in_data`` and ``data_workers`` apply to every training run (see
-    :class:`RunContext`).
+    ``mixed_precision``, ``stand_in_data``, ``data_workers`` and ``tf32`` (TF32 matrix products on
+    CUDA, recorded as ``"tf32"``) apply to every training run (see :class:`RunContext`).
 
     The record names the configuration fields that differ from the preset's (``overrides``:
     ``--set``, ``--seed``). When ``out/name`` holds a finished run of other settings (preset,
@@ -418,6 +419,7 @@ def run_experiment(
         mixed_precision=mixed_precision,
         stand_in_data=stand_in_data,
         data_workers=data_workers,
+        tf32=tf32,
     )
     if experiment.single_process and state is not None and not context.is_main_process:
         state.wait_for_everyone()  # the main process computes and writes the record
@@ -488,6 +490,7 @@ def run_experiment(
         "sittings": sittings,
         "processes": context.processes,
         "mixed_precision": mixed_precision,
+        "tf32": tf32,
         "limits": {
             "stop_after": stop_after,
             "micro_batch_size": micro_batch_size,
