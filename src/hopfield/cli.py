@@ -229,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         "cores (8x an A100's float32 peak; the fp32 paper presets keep it off without it)",
     )
     run.add_argument(
+        "--log-with",
+        action="append",
+        default=[],
+        metavar="TRACKER",
+        help="also log every training run's records (loss, lr, throughput, max |x|) to this "
+        "accelerate tracker, e.g. tensorboard (needs its package: pip install tensorboard), "
+        "in the run's trackers/ folder; repeatable",
+    )
+    run.add_argument(
         "--data-workers",
         type=_non_negative_int,
         default=0,
@@ -398,9 +407,18 @@ def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from hopfield.experiments.runner import run_experiment
     from hopfield.report import build_report
-    from hopfield.training import COLLECTIVE_TIMEOUT_VARIABLE, leave_process_group, process_layout
+    from hopfield.training import (
+        COLLECTIVE_TIMEOUT_VARIABLE,
+        check_tracker_names,
+        leave_process_group,
+        process_layout,
+    )
 
     _check_preset(args.name, args.preset)
+    try:
+        check_tracker_names(args.log_with)
+    except (ValueError, ImportError) as error:
+        raise UsageError(f"--log-with: {error}") from None
     if args.collective_timeout is not None:  # read where the process group is set up
         os.environ[COLLECTIVE_TIMEOUT_VARIABLE] = str(args.collective_timeout)
     path = run_experiment(
@@ -418,6 +436,7 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         overwrite=args.overwrite,
         data_workers=args.data_workers,
         tf32=args.tf32,
+        log_with=tuple(args.log_with),
     )
     if process_layout()[0] == 0:
         print(f"results: {path}")

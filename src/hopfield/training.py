@@ -40,6 +40,10 @@ scalar``:
   learns of the request there (a flag reduced over the processes), a checkpoint of that step is
   written and :class:`Preempted` is raised; the same command resumes from it exactly. Outside the
   step loop of a fit, under :func:`preemptible`, the signal raises :class:`Preempted` at once;
+* **experiment trackers** through accelerate (``log_with=("tensorboard",)``, or tracker objects
+  given to :class:`Trainer`): every log record's loss, training metrics, learning rate,
+  gradient norm, ``max |x|`` of each monitored module and the throughput (examples/s, and
+  tokens/s with ``tokens_per_example``) at its step, in ``out_dir/trackers``;
 * a **progress bar** (tqdm) and a **JSON-lines log** ``out_dir/log.jsonl``, one record every
   ``log_every`` steps: ``step``, ``epoch``, mean training ``loss`` since the previous record,
   ``lr``, ``grad_norm`` (before clipping), ``max_abs`` (``{module name: max |x|}`` of the outputs
@@ -84,6 +88,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -112,6 +117,7 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingConfig",
+    "check_tracker_names",
     "collective_timeout",
     "latest_checkpoint",
     "leave_process_group",
@@ -197,6 +203,10 @@ class TrainingConfig:
             generators, seeded from ``seed``, the step a sitting starts at and the rank.
         pin_memory: page-locked batches for faster copies to a GPU (``None``: on CUDA only).
         prefetch_factor: micro-batches each worker reads ahead (with ``num_workers > 0``).
+        log_with: accelerate trackers that receive every log record (e.g. ``("tensorboard",)``,
+            which needs the ``tensorboard`` package), written below ``out_dir/trackers``.
+        tokens_per_example: tokens (sequence positions, patches) of one example, for the
+            trackers' tokens/s (``None``: examples/s only).
     """
 
     max_steps: int | None = None
@@ -231,6 +241,8 @@ class TrainingConfig:
     num_workers: int = 0
     pin_memory: bool | None = None
     prefetch_factor: int = 2
+    log_with: tuple[str, ...] = ()
+    tokens_per_example: int | None = None
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -247,6 +259,7 @@ class TrainingConfig:
             "epochs": self.epochs,
             "micro_batch_size": self.micro_batch_size,
             "stop_after": self.stop_after,
+            "tokens_per_example": self.tokens_per_example,
         }
         positive.update({k: v for k, v in optional.items() if v is not None})
         for name, value in positive.items():
@@ -267,6 +280,11 @@ class TrainingConfig:
             raise ValueError(
                 f"mixed_precision must be 'no', 'fp16' or 'bf16', got {self.mixed_precision!r}"
             )
+        if isinstance(self.log_with, str):
+            self.log_with = (self.log_with,)
+        if not all(isinstance(name, str) for name in self.log_with):
+            raise TypeError(f"log_with must be tracker names (str), got {self.log_with!r}")
+        self.log_with = tuple(self.log_with)
         if not isinstance(self.tf32, bool):
             raise TypeError(f"tf32 must be a bool, got {self.tf32!r}")
         if self.select_mode not in ("min", "max"):
@@ -876,7 +894,9 @@ class Trainer:
         schedule: ``schedule(step) -> learning-rate factor`` for 0-based optimiser steps,
             replacing ``config.schedule`` (e.g. a per-epoch schedule of a paper).
         accelerator: an existing :class:`accelerate.Accelerator` (default: a new one from
-            ``config.mixed_precision`` and ``config.cpu``).
+            ``config.mixed_precision``, ``config.cpu`` and ``config.log_with``).
+        trackers: ``accelerate.tracking.GeneralTracker`` objects that receive the log records
+            beside ``config.log_with`` (only with a new accelerator).
         progress: draw a progress bar on the main process.
     """
 
@@ -894,6 +914,7 @@ class Trainer:
         schedule: Callable[[int], float] | None = None,
         accelerator: Any = None,
         progress: bool = True,
+        trackers: Sequence[Any] = (),
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -901,6 +922,8 @@ class Trainer:
             raise TypeError(f"config must be a TrainingConfig, got {type(config).__name__}")
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise TypeError("dataset must be sized and indexable (len(dataset), dataset[i])")
+        if accelerator is not None and (config.log_with or trackers):
+            raise ValueError("log_with and trackers configure a new accelerator: give neither")
         if accelerator is None:
             from accelerate import Accelerator
             from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
@@ -915,6 +938,8 @@ class Trainer:
                 mixed_precision=config.mixed_precision,
                 cpu=config.cpu or several_cpus,
                 kwargs_handlers=[ddp, InitProcessGroupKwargs(timeout=collective_timeout())],
+                log_with=_trackers(config.log_with, trackers) or None,
+                project_dir=out_dir,
             )
         self.accelerator = accelerator
         if accelerator.device.type == "cuda":
@@ -956,6 +981,7 @@ class Trainer:
         self._selection: dict[str, Any] = {"best": None, "step": None, "metrics": {}, "bad": 0}
         self._best_state: dict[str, Tensor] | None = None
         self.log: list[dict[str, Any]] = []
+        self._clock = (time.perf_counter(), 0)  # (time, step) of the last log record
 
     def _period(self, value: Period) -> int:
         return self.steps_per_epoch if value == "epoch" else int(value)
@@ -1257,6 +1283,7 @@ class Trainer:
 
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
         self._feed = self._batches(end)
+        self._start_trackers()
         try:
             with preemptible(defer=True):
                 while self.step < end and not stopped:
@@ -1269,6 +1296,7 @@ class Trainer:
         finally:
             self.monitor.active = False
             self._feed = iter(())  # ends the data workers
+            self._finish_trackers()
             if bar is not None:
                 bar.close()
         if cfg.select_metric is not None and cfg.restore_best and self._best_state is not None:
@@ -1292,6 +1320,41 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             flag = _all_reduce(flag, "max")
         return bool(flag.item())
+
+    def _start_trackers(self) -> None:
+        """Start the accelerator's trackers (main process) in ``out_dir/trackers``, with the
+        training configuration as their hyperparameters."""
+        acc = self.accelerator
+        self._clock = (time.perf_counter(), self.step)
+        if getattr(acc, "log_with", None) and not acc.trackers:
+            config = {
+                k: v if v is None or isinstance(v, bool | int | float | str) else str(v)
+                for k, v in asdict(self.config).items()
+            }
+            acc.init_trackers("trackers", config=config)
+
+    def _finish_trackers(self) -> None:
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers.clear()
+
+    def _track(self, record: Mapping[str, Any]) -> None:
+        """Give the trackers a log record: loss, metrics, lr, grad norm, ``max_abs/<module>``,
+        ``eval/<metric>`` and the throughput since the previous record."""
+        if not self.accelerator.trackers:
+            return
+        now, step = time.perf_counter(), self.step
+        examples = (
+            (step - self._clock[1]) * self.config.batch_size / max(now - self._clock[0], 1e-9)
+        )
+        self._clock = (now, step)
+        values = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
+        values.update({f"max_abs/{k}": v for k, v in record["max_abs"].items()})
+        values.update({f"eval/{k}": v for k, v in record.get("eval", {}).items()})
+        values["examples_per_s"] = examples
+        if self.config.tokens_per_example is not None:
+            values["tokens_per_s"] = examples * self.config.tokens_per_example
+        self.accelerator.log(values, step=step)
 
     def _one_step(self, bar: Any) -> bool:
         """Train one optimiser step, log and evaluate when due; whether to stop early."""
@@ -1320,6 +1383,7 @@ class Trainer:
                     record["stopped_early"] = True
             self.log.append(record)
             self._write_log()
+            self._track(record)
             if bar is not None:
                 bar.set_postfix(loss=f"{record['loss']:.4g}")
         if bar is not None:
@@ -1329,6 +1393,38 @@ class Trainer:
     def close(self) -> None:
         """Remove the monitoring hooks from the model."""
         self.monitor.remove()
+
+
+def check_tracker_names(names: Sequence[str]) -> None:
+    """``ValueError`` for a name that is no accelerate tracker, ``ImportError`` naming the
+    package of one that is not installed (accelerate would drop it without a word)."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known = [str(t) for t in LoggerType if str(t) != "all"]
+    available = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown tracker {name!r}; accelerate knows {known}")
+        if name not in available:
+            raise ImportError(
+                f"tracker {name!r} needs the {name} package, which is not installed "
+                f"(pip install {name})",
+                name=name,
+            )
+
+
+def _trackers(names: Sequence[str], trackers: Sequence[Any]) -> list[Any]:
+    """What ``Accelerator(log_with=...)`` gets: the tracker ``names`` (checked) and objects."""
+    from accelerate.tracking import GeneralTracker
+
+    check_tracker_names(names)
+    for tracker in trackers:
+        if not isinstance(tracker, GeneralTracker):
+            raise TypeError(
+                f"trackers must be accelerate GeneralTracker objects, got {type(tracker).__name__}"
+            )
+    return [*names, *trackers]
 
 
 def _all_reduce(values: Tensor, op: str) -> Tensor:

@@ -347,6 +347,7 @@ def run_experiment(
     overwrite: bool = True,
     data_workers: int = 0,
     tf32: bool = False,
+    log_with: tuple[str, ...] = (),
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -366,7 +367,8 @@ def run_experiment(
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
     seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
     ``mixed_precision``, ``stand_in_data``, ``data_workers`` and ``tf32`` (TF32 matrix products on
-    CUDA, recorded as ``"tf32"``) apply to every training run (see :class:`RunContext`).
+    CUDA, recorded as ``"tf32"``) and ``log_with`` (accelerate trackers, e.g. ``("tensorboard",)``,
+    each run's in its ``trackers`` folder) apply to every training run (see :class:`RunContext`).
 
     The record names the configuration fields that differ from the preset's (``overrides``:
     ``--set``, ``--seed``). When ``out/name`` holds a finished run of other settings (preset,
@@ -420,6 +422,7 @@ def run_experiment(
         stand_in_data=stand_in_data,
         data_workers=data_workers,
         tf32=tf32,
+        log_with=tuple(log_with),
     )
     if experiment.single_process and state is not None and not context.is_main_process:
         state.wait_for_everyone()  # the main process computes and writes the record
