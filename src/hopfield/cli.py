@@ -288,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     claims.add_argument("dir", type=Path)
     _add_plan_parser(sub)
+    _add_prepare_parser(sub)
     return parser
 
 
@@ -320,6 +321,43 @@ def _add_plan_parser(sub: Any) -> None:
         help="also write the plan as JSON to DIR/plan/PRESET.json (results/plan/paper.json is "
         "the committed record the claims ledger reads parameter counts from)",
     )
+
+
+def _add_prepare_parser(sub: Any) -> None:
+    prepare = sub.add_parser(
+        "prepare",
+        help="build a preset's tokenizers and token stores and check its files, without training",
+        description="Build what a preset reads from the network (the outlier study's tokenizers "
+        "and token stores, into $HOPFIELD_CACHE) on a node that can reach it, and check the "
+        "dataset files of every other experiment; the training job then runs offline.",
+    )
+    prepare.add_argument("name", help="experiment (see `hopfield list`)")
+    prepare.add_argument("--preset", default="paper", help="preset to prepare (default: paper)")
+    prepare.add_argument(
+        "--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)"
+    )
+    prepare.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a configuration field, as for `hopfield run`",
+    )
+
+
+def _prepare_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.prepare import prepare
+    from hopfield.experiments.runner import check_data_dir
+
+    _check_preset(args.name, args.preset)
+    check_data_dir(args.data_dir)
+    rows = prepare(
+        args.name, args.preset, data_dir=args.data_dir, overrides=_parse_overrides(args.overrides)
+    )
+    for what, state in rows:
+        print(f"{what}: {state}")
+    return 0
 
 
 def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -511,6 +549,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] =
     "report": _report_command,
     "claims": _claims_command,
     "plan": _plan_command,
+    "prepare": _prepare_command,
 }
 
 
