@@ -17,6 +17,7 @@ from hopfield.experiments.plans import JOBS, NOT_TRAINED, jobs_of
 from hopfield.plan import (
     GPUS,
     GPUS_PER_NODE,
+    JOB_COLUMNS,
     STATE_BYTES_PER_PARAMETER,
     STEP_FLOOR_S,
     LayoutCache,
@@ -532,6 +533,32 @@ def test_cli_writes_the_plan_record(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert command == f"hopfield plan mil-bit-pattern --preset small --out {tmp_path}"
     assert result.experiment == "mil-bit-pattern" and result.preset == "small"
     assert captured.out == render_markdown([result], command=command)
+
+
+#: Experiments whose paper presets are priced again by the test below (seconds together); the
+#: record is regenerated whole, so any of them differing means all of it is stale.
+RECHECKED = ("mil-bit-pattern", "hyperset-sudoku", "timeseries-hopfield")
+
+
+@pytest.mark.skipif(not PLAN_RECORD.is_file(), reason="no committed plan record")
+def test_the_committed_record_is_what_the_code_prices_now() -> None:
+    """Issue 30, item 9: the record (and the table rendered from it) had fallen behind the
+    code by 43 lines (time-series FLOPs -11 %, Sudoku activations +21 %). Every job of a few
+    cheap experiments, priced again, equals its row: parameters, FLOPs and activation bytes
+    exactly, no tolerance."""
+    committed = {r.experiment: r for r in read_plan_record(PLAN_RECORD)[0]}
+    cache = PlanCache()
+    stale = "results/plan/paper.json is stale: regenerate it (docs/scale.md, 'What each paper preset costs')"
+    for name in RECHECKED:
+        kept = committed[name]
+        fresh = plan(name, "paper", mfu=kept.mfu, cache=cache)
+        assert (fresh.summary, fresh.notes) == (kept.summary, kept.notes), f"{name}: {stale}"
+        assert [d[0] for d in fresh.data] == [d[0] for d in kept.data], f"{name}: {stale}"
+        assert [j.name for j in fresh.jobs] == [j.name for j in kept.jobs], f"{name}: {stale}"
+        for now, then in zip(fresh.jobs, kept.jobs, strict=True):
+            differ = [f for f in JOB_COLUMNS if getattr(now, f) != getattr(then, f)]
+            assert not differ, f"{name} / {now.name}: {differ} differ; {stale}"
+            assert now.gpus == then.gpus
 
 
 @pytest.mark.skipif(not PLAN_RECORD.is_file(), reason="no committed plan record")
