@@ -2,7 +2,9 @@
 of a small regression trained by :class:`hopfield.training.Trainer` for 8 optimiser steps, where
 the last process sends itself ``SIGNAL`` during step ``STEP`` (1-based) of the first sitting.
 
-Usage: ``python preemption_script.py OUT STEP SIGNAL`` (``STEP`` 0: no signal).
+Usage: ``python preemption_script.py OUT STEP SIGNAL [WORKERS]`` (``STEP`` 0: no signal;
+``WORKERS`` > 0: that many data workers, and the signal goes to the whole process group, as a
+scheduler sends it, workers included).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Config:
     seed: int = 0
     signal_step: int = 0
     signal_name: str = "SIGUSR1"
+    group: bool = False
 
 
 def run(config: Config, ctx: RunContext) -> Results:
@@ -37,18 +40,26 @@ def run(config: Config, ctx: RunContext) -> Results:
     model = nn.Linear(4, 1)
     marker = ctx.out_dir / f"signalled-{rank}"
     calls = [0]
+    micro = 8 // 2 // processes  # micro-batches of a step on each process
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
         calls[0] += 1
         sender = rank == processes - 1 and not marker.exists()
-        if sender and calls[0] == config.signal_step:  # one micro-batch a step
+        # the first of the step's micro-batches: the others are read after the signal
+        if sender and calls[0] == (config.signal_step - 1) * micro + 1:
             marker.touch()
-            os.kill(os.getpid(), getattr(signal, config.signal_name))
+            signum = getattr(signal, config.signal_name)
+            if config.group:
+                os.killpg(os.getpgid(0), signum)
+            else:
+                os.kill(os.getpid(), signum)
         inputs, targets = batch
         noise = 0.01 * torch.randn(targets.shape)  # the RNG states must resume too
         return ((model(inputs).squeeze(-1) + noise - targets) ** 2).mean()
 
-    cfg = ctx.training_config(max_steps=8, batch_size=8, lr=0.05, log_every=1, cpu=True)
+    cfg = ctx.training_config(
+        max_steps=8, batch_size=8, micro_batch_size=2, lr=0.05, log_every=1, cpu=True
+    )
     trainer = Trainer(model, dataset, loss_fn, cfg, ctx.out_dir / "train", progress=False)
     result = trainer.fit()
     trainer.close()
@@ -59,6 +70,10 @@ def run(config: Config, ctx: RunContext) -> Results:
 
 if __name__ == "__main__":
     out, step, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    presets = {p: Config(signal_step=step, signal_name=name) for p in ("tiny", "small", "paper")}
-    register(Experiment("test-preempt", "test", presets, run))
-    sys.exit(main(["run", "test-preempt", "--preset", "tiny", "--out", out, "--no-progress"]))
+    workers = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    config = Config(signal_step=step, signal_name=name, group=workers > 0)
+    register(
+        Experiment("test-preempt", "test", dict.fromkeys(("tiny", "small", "paper"), config), run)
+    )
+    command = ["run", "test-preempt", "--preset", "tiny", "--out", out, "--no-progress"]
+    sys.exit(main([*command, "--data-workers", str(workers)]))

@@ -21,14 +21,16 @@ from hopfield.training import Preempted, preemptible, preemption_requested
 SCRIPT = Path(__file__).parent / "preemption_script.py"
 
 
-def _run(out: Path, step: int, name: str = "SIGUSR1", processes: int = 1) -> int:
+def _run(out: Path, step: int, name: str = "SIGUSR1", processes: int = 1, workers: int = 0) -> int:
     paths = [str(Path(hopfield.__file__).parents[1]), str(Path(__file__).parent)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
-    args = [str(SCRIPT), str(out), str(step), name]
+    args = [str(SCRIPT), str(out), str(step), name, str(workers)]
     if processes > 1:
         launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
         args = [*launch, *args]
-    return subprocess.run([sys.executable, *args], env=env, timeout=300).returncode
+    # a session of its own: a signal to the script's process group reaches no test process
+    run = subprocess.run([sys.executable, *args], env=env, timeout=300, start_new_session=True)
+    return run.returncode
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
@@ -67,6 +69,15 @@ def test_sigusr1_checkpoints_at_the_step_and_resumes_exactly(tmp_path: Path) -> 
 def test_every_process_stops_at_the_step_one_of_them_was_signalled_in(tmp_path: Path) -> None:
     """Under 2 processes only the last one receives SIGTERM; both stop after the same step."""
     _check_preempted_then_resumed(tmp_path, "SIGTERM", processes=2)
+
+
+def test_data_workers_signalled_too_do_not_fail_the_step(tmp_path: Path) -> None:
+    """A scheduler signals every process of the job; a data worker that died of the signal
+    would fail the step before its boundary. Workers ignore it; the run stops as above."""
+    out = tmp_path / "workers"
+    assert _run(out, 3, "SIGTERM", workers=1) == PREEMPTED
+    steps = sorted(p.name for p in (out / "test-preempt" / "train" / "checkpoints").iterdir())
+    assert steps == ["step-3"]
 
 
 def test_outside_a_training_loop_the_signal_stops_at_once() -> None:

@@ -736,6 +736,14 @@ def preemptible(*, defer: bool = False) -> Iterator[None]:
         raise Preempted(state.signal_name)
 
 
+def _ignore_preemption(worker: int) -> None:
+    """A data worker ignores the preemption signals (a scheduler signals every process of the
+    job): the training process stops at its step boundary and ends the workers then, instead
+    of a worker's death failing the step."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def preemption_requested() -> str | None:
     """The name of the preemption signal this process received under :func:`preemptible`
     (``None``: none)."""
@@ -1137,6 +1145,7 @@ class Trainer:
             pin_memory=pin and self.accelerator.device.type == "cuda",
             generator=torch.Generator().manual_seed(seed % 2**63),  # not the global RNG
             prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,
+            worker_init_fn=_ignore_preemption if cfg.num_workers else None,
         )
         return iter(loader)
 
