@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hopfield.cli import main
+from hopfield.cli import PREEMPTED, main
 from hopfield.data import ChecksumError, DataFile, DataNotFoundError, locate
 from hopfield.experiments import (
     Results,
@@ -192,7 +192,7 @@ def test_a_refused_sitting_leaves_the_sittings_as_they_were(
 _SLOW_RUN = """
 import sys, time
 from pathlib import Path
-from hopfield.cli import main
+from hopfield.cli import PREEMPTED, main
 from hopfield.experiments.registry import Experiment, register
 from stubs import StubConfig
 
@@ -227,7 +227,7 @@ def _signalled_run(out: Path, signum: int) -> tuple[int, list[dict[str, Any]]]:
 
 def test_a_terminated_or_killed_sitting_is_kept(tmp_path: Path, registered: Any) -> None:
     status, sittings = _signalled_run(tmp_path, signal.SIGTERM)
-    assert status == 130  # stopped like Ctrl-C: the same command resumes
+    assert status == PREEMPTED  # stopped for a requeue: the same command resumes
     assert [s["outcome"] for s in sittings] == ["stopped"] and sittings[0]["wall_time_s"] > 0
     status, sittings = _signalled_run(tmp_path, signal.SIGKILL)
     assert status == -signal.SIGKILL

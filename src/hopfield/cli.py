@@ -8,7 +8,9 @@ exit status 2, as argparse's own errors; so is a command that needs a package of
 install lacks (the line names the extra and the command that works from a clone:
 ``pip install -e ".[experiments]"``; hopfield is on no package index), and so is a
 ``--data-dir`` that is no folder; Ctrl-C during ``run``/``reproduce`` says which folder holds
-the stopped run (the same command resumes it) and exits with 130; a full disk is one line naming
+the stopped run (the same command resumes it) and exits with 130; SIGUSR1 or SIGTERM (a
+scheduler's preemption) stops a training run at its next optimiser step with a checkpoint there
+and exits with 75 (:data:`PREEMPTED`, for a job script to requeue); a full disk is one line naming
 the file that could not be written (exit status 1). Anything else is a bug and keeps its
 traceback.
 """
@@ -31,6 +33,9 @@ from hopfield.experiments.registry import PRESETS, ConfigError, all_experiments,
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 DISK_FULL = 1
+#: SIGUSR1/SIGTERM stopped ``run``/``reproduce`` (a checkpoint at the step boundary; the same
+#: command resumes): sysexits.h's EX_TEMPFAIL, "try again later", for a SLURM script's requeue.
+PREEMPTED = 75
 
 #: Optional packages the commands import, as ``{module: (pip name, extra that installs it)}``;
 #: a command that imports one the install lacks names the extra in its one-line error.
@@ -90,12 +95,16 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
-def _exit(status: int, command: str, message: str) -> NoReturn:
-    from hopfield.training import process_layout
+def _exit(status: int, command: str, message: str, *, together: bool = False) -> NoReturn:
+    """Print ``message`` (on the main process) and end with ``status``; ``together``: every
+    process of a multi-process run got here, and they leave the process group together."""
+    from hopfield.training import leave_process_group, process_layout
 
     line = f"hopfield {command}: {_one_line(message)}"
     if process_layout()[0] == 0:  # one line per launch, not per process
         print(line, file=sys.stderr, flush=True)
+    if together:
+        leave_process_group(exit_status=status)
     raise CommandExit(status, line)
 
 
@@ -207,6 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="precision of every training run instead of the preset's (fp16 needs a GPU)",
     )
     run.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on CUDA, float32 matrix products of every training run in TF32 on the tensor "
+        "cores (8x an A100's float32 peak; the fp32 paper presets keep it off without it)",
+    )
+    run.add_argument(
+        "--log-with",
+        action="append",
+        default=[],
+        metavar="TRACKER",
+        help="also log every training run's records (loss, lr, throughput, max |x|) to this "
+        "accelerate tracker, e.g. tensorboard (needs its package: pip install tensorboard), "
+        "in the run's trackers/ folder; repeatable",
+    )
+    run.add_argument(
         "--data-workers",
         type=_non_negative_int,
         default=0,
@@ -257,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     claims.add_argument("dir", type=Path)
     _add_plan_parser(sub)
+    _add_prepare_parser(sub)
     return parser
 
 
@@ -289,6 +314,43 @@ def _add_plan_parser(sub: Any) -> None:
         help="also write the plan as JSON to DIR/plan/PRESET.json (results/plan/paper.json is "
         "the committed record the claims ledger reads parameter counts from)",
     )
+
+
+def _add_prepare_parser(sub: Any) -> None:
+    prepare = sub.add_parser(
+        "prepare",
+        help="build a preset's tokenizers and token stores and check its files, without training",
+        description="Build what a preset reads from the network (the outlier study's tokenizers "
+        "and token stores, into $HOPFIELD_CACHE) on a node that can reach it, and check the "
+        "dataset files of every other experiment; the training job then runs offline.",
+    )
+    prepare.add_argument("name", help="experiment (see `hopfield list`)")
+    prepare.add_argument("--preset", default="paper", help="preset to prepare (default: paper)")
+    prepare.add_argument(
+        "--data-dir", type=Path, default=None, help="dataset root ($HOPFIELD_DATA)"
+    )
+    prepare.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a configuration field, as for `hopfield run`",
+    )
+
+
+def _prepare_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from hopfield.experiments.prepare import prepare
+    from hopfield.experiments.runner import check_data_dir
+
+    _check_preset(args.name, args.preset)
+    check_data_dir(args.data_dir)
+    rows = prepare(
+        args.name, args.preset, data_dir=args.data_dir, overrides=_parse_overrides(args.overrides)
+    )
+    for what, state in rows:
+        print(f"{what}: {state}")
+    return 0
 
 
 def _plan_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -376,9 +438,18 @@ def _list_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from hopfield.experiments.runner import run_experiment
     from hopfield.report import build_report
-    from hopfield.training import COLLECTIVE_TIMEOUT_VARIABLE, leave_process_group, process_layout
+    from hopfield.training import (
+        COLLECTIVE_TIMEOUT_VARIABLE,
+        check_tracker_names,
+        leave_process_group,
+        process_layout,
+    )
 
     _check_preset(args.name, args.preset)
+    try:
+        check_tracker_names(args.log_with)
+    except (ValueError, ImportError) as error:
+        raise UsageError(f"--log-with: {error}") from None
     if args.collective_timeout is not None:  # read where the process group is set up
         os.environ[COLLECTIVE_TIMEOUT_VARIABLE] = str(args.collective_timeout)
     path = run_experiment(
@@ -395,6 +466,8 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         stand_in_data=args.stand_in_data,
         overwrite=args.overwrite,
         data_workers=args.data_workers,
+        tf32=args.tf32,
+        log_with=tuple(args.log_with),
     )
     if process_layout()[0] == 0:
         print(f"results: {path}")
@@ -471,6 +544,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] =
     "report": _report_command,
     "claims": _claims_command,
     "plan": _plan_command,
+    "prepare": _prepare_command,
 }
 
 
@@ -491,11 +565,21 @@ def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | Non
     return None
 
 
+def _preemption_of(stop: KeyboardInterrupt) -> KeyboardInterrupt | None:
+    """The :class:`~hopfield.training.Preempted` behind ``stop`` (itself or its cause), if any."""
+    from hopfield.training import Preempted
+
+    for error in (stop, stop.__cause__):
+        if isinstance(error, Preempted):
+            return error
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default ``sys.argv[1:]``); returns 0 when it succeeds.
 
     A user error prints one line to stderr and raises ``SystemExit`` with status 2 (Ctrl-C:
-    130), whose ``str()`` is that line.
+    130; SIGUSR1/SIGTERM, a preemption: 75), whose ``str()`` is that line.
     """
     args = build_parser().parse_args(argv)
     try:
@@ -515,14 +599,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _exit(USAGE_ERROR, args.command, str(error))
     except KeyboardInterrupt as stop:
+        preempted = _preemption_of(stop)
+        status = INTERRUPTED if preempted is None else PREEMPTED
+        what = "interrupted" if preempted is None else str(preempted)
         folder = _stopped_in(args, stop)
-        if folder is None:
-            _exit(INTERRUPTED, args.command, "interrupted")
-        _exit(
-            INTERRUPTED,
-            args.command,
-            f"interrupted; the run so far is in {folder}, and the same command resumes it",
-        )
+        if folder is not None:
+            what += f"; the run so far is in {folder}, and the same command resumes it"
+        # a training loop's preemption stopped every process after the same step
+        _exit(status, args.command, what, together=getattr(preempted, "step", None) is not None)
     except Exception as error:
         if not isinstance(error, _user_errors()):
             raise

@@ -23,10 +23,15 @@ experiment's own builders, runs one forward and backward pass of a meta micro-ba
   tensors in half the bytes;
 * **parameter, gradient and Adam(W) state memory**: 16 bytes per parameter (float32 weights,
   gradients and two moments), per device under data parallelism;
-* **wall time and GPU-hours** on 8 × A100 (312 TFLOP/s dense bf16) and 8 × H100 SXM
-  (989 TFLOP/s) at a stated model-FLOPs utilisation (MFU): ``GPU-hours = FLOPs / (peak · MFU) /
-  3600``, wall time = GPU-hours / 8 (independent runs spread over the GPUs, or one run data
-  parallel on all eight);
+* **wall time and GPU-hours** on 8 × A100 and 8 × H100 SXM at the dense peak of the precision
+  the job trains in (:data:`GPUS`: float32 without tensor cores, PyTorch's default for float32
+  matrix products, A100 19.5 and H100 67 TFLOP/s; TF32, ``TrainingConfig(tf32=True)``, 156 and
+  494.7; fp16/bf16 autocast 312 and 989) at a stated model-FLOPs utilisation (MFU), and at
+  least :data:`STEP_FLOOR_S` of GPU time per micro-batch step (kernel launches and the Python
+  of an eager step, which no FLOP count sees; it decides the time of small models):
+  ``GPU-hours = max(FLOPs / (peak · MFU), micro-batch steps · floor) / 3600``, micro-batch
+  steps = optimiser steps × ⌈global batch / micro-batch⌉; wall time = GPU-hours / 8
+  (independent runs spread over the GPUs, or one run data parallel on all eight);
 * which dataset files the preset needs and whether each is present (:func:`hopfield.data.files.locate`
   with ``data_dir`` or ``$HOPFIELD_DATA``).
 
@@ -84,7 +89,9 @@ __all__ = [
     "GPUS_PER_NODE",
     "JOB_COLUMNS",
     "PLAN_FOLDER",
+    "PRECISIONS",
     "STATE_BYTES_PER_PARAMETER",
+    "STEP_FLOOR_S",
     "DataNeed",
     "ExperimentPlan",
     "GpuEstimate",
@@ -99,6 +106,8 @@ __all__ = [
     "measure_model",
     "measure_step",
     "micro_batch_of",
+    "micro_steps_of",
+    "peak_flops",
     "plan",
     "plan_record_path",
     "plan_to_dict",
@@ -109,8 +118,27 @@ __all__ = [
     "write_plan_record",
 ]
 
-#: Dense bf16/fp16 tensor-core peak per GPU, FLOP/s (NVIDIA data sheets, no sparsity).
-GPUS: dict[str, float] = {"A100": 312e12, "H100 SXM": 989e12}
+#: Dense peak FLOP/s per GPU by the arithmetic of the matrix products (NVIDIA data sheets, no
+#: sparsity; H100 SXM5): ``"fp32"`` on the CUDA cores (PyTorch's float32 matrix products since
+#: 1.12, unless TF32 is allowed), ``"tf32"`` float32 on the tensor cores
+#: (``TrainingConfig(tf32=True)``), ``"16-bit"`` fp16/bf16 on the tensor cores (autocast).
+GPUS: dict[str, dict[str, float]] = {
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "16-bit": 312e12},
+    "H100 SXM": {"fp32": 67e12, "tf32": 494.7e12, "16-bit": 989e12},
+}
+#: The precisions a :class:`TrainingJob` trains in, and the arithmetic of :data:`GPUS` each is
+#: priced at.
+PRECISIONS: dict[str, str] = {
+    "fp32": "fp32",
+    "tf32": "tf32",
+    "fp16 autocast": "16-bit",
+    "bf16 autocast": "16-bit",
+}
+#: GPU seconds per micro-batch step (forward and backward of one micro-batch on one GPU) at
+#: least: PyTorch eager launches each of a step's few hundred kernels from Python (about 10 µs
+#: each) and runs the optimiser, whatever the FLOPs. Measured steps of the small models here are
+#: longer (the Hopfield layers' iterations, the MIL poolings); the floor is a lower bound.
+STEP_FLOOR_S = 0.005
 #: GPUs per node of the estimate (one 8-GPU node).
 GPUS_PER_NODE = 8
 #: Default model-FLOPs utilisation.
@@ -209,7 +237,9 @@ class TrainingJob:
             of ours.
         count_parameters: the paper's counting convention (default: every parameter).
         group: rows with the same group are summarised together.
-        precision: the training precision of the preset (``"fp32"``, ``"fp16 autocast"``).
+        precision: the training precision of the preset, a key of :data:`PRECISIONS`
+            (``"fp32"``, ``"tf32"``, ``"fp16 autocast"``, ``"bf16 autocast"``); it decides the
+            peak the job is priced at.
         notes: assumptions behind the numbers (dataset sizes, upper bounds).
         cache_key: jobs with equal keys (and micro-batches) share one model measurement
             (parameters, FLOPs and activations): the key must determine the model, the batch
@@ -239,6 +269,8 @@ class TrainingJob:
     measure_on: str = "meta"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         if self.measure_on not in ("meta", "cpu"):
             raise ValueError(f"measure_on must be 'meta' or 'cpu', got {self.measure_on!r}")
         _check_positive("global_batch", self.global_batch)
@@ -540,33 +572,73 @@ def measure_step(
 # --- estimates ----------------------------------------------------------------------------------
 
 
-def gpu_hours(flops: float, peak_flops: float, mfu: float = DEFAULT_MFU) -> float:
-    """GPU-hours to execute ``flops`` on GPUs of ``peak_flops`` FLOP/s at utilisation ``mfu``:
-    ``flops / (peak_flops · mfu) / 3600``."""
+def peak_flops(gpu: str, precision: str) -> float:
+    """The dense peak FLOP/s of ``gpu`` (a key of :data:`GPUS`) for a job trained in
+    ``precision`` (a key of :data:`PRECISIONS`)."""
+    if gpu not in GPUS:
+        raise ValueError(f"gpu must be one of {list(GPUS)}, got {gpu!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    return GPUS[gpu][PRECISIONS[precision]]
+
+
+def gpu_hours(
+    flops: float,
+    peak_flops: float,
+    mfu: float = DEFAULT_MFU,
+    *,
+    micro_steps: int = 0,
+    floor_s: float = STEP_FLOOR_S,
+) -> float:
+    """GPU-hours to execute ``flops`` in ``micro_steps`` micro-batch steps on GPUs of
+    ``peak_flops`` FLOP/s at utilisation ``mfu``, each step taking at least ``floor_s`` seconds:
+    ``max(flops / (peak_flops · mfu), micro_steps · floor_s) / 3600``."""
     mfu = _check_mfu(mfu)
     if not peak_flops > 0:
         raise ValueError(f"peak_flops must be positive, got {peak_flops!r}")
     if flops < 0:
         raise ValueError(f"flops must be non-negative, got {flops!r}")
-    return flops / (peak_flops * mfu) / 3600.0
+    if isinstance(micro_steps, bool) or not isinstance(micro_steps, int) or micro_steps < 0:
+        raise ValueError(f"micro_steps must be a non-negative int, got {micro_steps!r}")
+    if not floor_s >= 0:
+        raise ValueError(f"floor_s must be non-negative, got {floor_s!r}")
+    return max(flops / (peak_flops * mfu), micro_steps * floor_s) / 3600.0
 
 
 @dataclass(frozen=True)
 class GpuEstimate:
-    """Time of some FLOPs on ``gpus`` GPUs of one kind at a given MFU."""
+    """Time of some FLOPs on ``gpus`` GPUs of one kind at a given MFU.
+
+    Attributes:
+        gpu: a key of :data:`GPUS`.
+        peak_flops: the peak of the job's precision on it.
+        gpus: GPUs of the wall time.
+        gpu_hours, wall_hours: the estimate (:func:`gpu_hours`).
+        floor_bound: whether :data:`STEP_FLOOR_S` decided it, not the FLOPs.
+    """
 
     gpu: str
     peak_flops: float
     gpus: int
     gpu_hours: float
     wall_hours: float
+    floor_bound: bool = False
 
 
-def _gpu_estimates(flops: float, mfu: float) -> tuple[GpuEstimate, ...]:
+def micro_steps_of(total_steps: int, global_batch: int, micro_batch: int) -> int:
+    """Micro-batch steps of ``total_steps`` optimiser steps: ⌈global batch / micro-batch⌉ each."""
+    return total_steps * -(-global_batch // micro_batch)
+
+
+def _gpu_estimates(
+    flops: float, mfu: float, precision: str, micro_steps: int
+) -> tuple[GpuEstimate, ...]:
     out = []
-    for name, peak in GPUS.items():
-        hours = gpu_hours(flops, peak, mfu)
-        out.append(GpuEstimate(name, peak, GPUS_PER_NODE, hours, hours / GPUS_PER_NODE))
+    for name in GPUS:
+        peak = peak_flops(name, precision)
+        hours = gpu_hours(flops, peak, mfu, micro_steps=micro_steps)
+        bound = hours > gpu_hours(flops, peak, mfu)
+        out.append(GpuEstimate(name, peak, GPUS_PER_NODE, hours, hours / GPUS_PER_NODE, bound))
     return tuple(out)
 
 
@@ -710,7 +782,9 @@ def estimate(
         activation_bytes=measured.activation_bytes,
         state_bytes=STATE_BYTES_PER_PARAMETER * parameters,
         precision=job.precision,
-        gpus=_gpu_estimates(flops_total, mfu),
+        gpus=_gpu_estimates(
+            flops_total, mfu, job.precision, micro_steps_of(total_steps, job.global_batch, micro)
+        ),
         notes=job.notes,
     )
 
@@ -748,8 +822,11 @@ class ExperimentPlan:
         return sum(j.flops_total for j in self.jobs)
 
     def gpu_hours(self) -> dict[str, float]:
-        """GPU-hours of the whole preset per GPU kind."""
-        return {name: gpu_hours(self.flops_total, peak, self.mfu) for name, peak in GPUS.items()}
+        """GPU-hours of the whole preset per GPU kind (the sum of its jobs')."""
+        return {
+            name: sum(g.gpu_hours for j in self.jobs for g in j.gpus if g.gpu == name)
+            for name in GPUS
+        }
 
 
 def _data_rows(
@@ -921,7 +998,8 @@ def _plan_of(entry: dict[str, Any], columns: Sequence[str]) -> ExperimentPlan:
     for row in entry["jobs"]:
         values = dict(zip(columns, row, strict=True))
         values["notes"] = tuple(notes[i] for i in values["notes"])
-        gpus = _gpu_estimates(values["flops_total"], entry["mfu"])
+        steps = micro_steps_of(values["total_steps"], values["global_batch"], values["micro_batch"])
+        gpus = _gpu_estimates(values["flops_total"], entry["mfu"], values["precision"], steps)
         jobs.append(JobEstimate(**values, gpus=gpus))
     return ExperimentPlan(
         experiment=entry["experiment"],
@@ -1039,8 +1117,15 @@ def _job_row(group: _Group) -> list[str]:
         _si(sum(j.flops_total for j in jobs)),
         _bytes(max(j.activation_bytes for j in jobs)),
         _bytes(max(j.state_bytes for j in jobs)),
-        *(_hours(sum(j.gpus[i].gpu_hours for j in jobs)) for i in range(len(GPUS))),
+        *(_gpu_cell(jobs, i) for i in range(len(GPUS))),
     ]
+
+
+def _gpu_cell(jobs: Sequence[JobEstimate], index: int) -> str:
+    """The GPU-hours of ``jobs`` on ``GPUS``'s ``index``-th kind, ``†`` when the step floor
+    decided one of them."""
+    floor = any(j.gpus[index].floor_bound for j in jobs)
+    return _hours(sum(j.gpus[index].gpu_hours for j in jobs)) + (" †" if floor else "")
 
 
 def _table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -1080,7 +1165,7 @@ def summary_table(results: Sequence[ExperimentPlan]) -> list[str]:
                 f"{r.runs:,}",
                 f"{max(j.parameters_counted for j in r.jobs):,}",
                 _si(r.flops_total),
-                *(_hours(hours[g]) for g in GPUS),
+                *(_gpu_cell(r.jobs, i) for i in range(len(GPUS))),
                 *(_hours(hours[g] / GPUS_PER_NODE) for g in GPUS),
                 _bytes(max(j.activation_bytes for j in r.jobs)),
                 _data_cell(r),
@@ -1097,13 +1182,24 @@ def render_markdown(
     if not results:
         raise ValueError("results must not be empty")
     mfu = results[0].mfu
-    peaks = ", ".join(f"{name} {peak / 1e12:g} TFLOP/s" for name, peak in GPUS.items())
+    peaks = "; ".join(
+        f"{name} " + ", ".join(f"{kind} {peak / 1e12:g}" for kind, peak in kinds.items())
+        for name, kinds in GPUS.items()
+    )
     lines = []
     if command:
         lines += [f"Generated by `{command}`; do not edit by hand.", ""]
     lines += [
-        f"Model-FLOPs utilisation {mfu:g}; dense bf16 peaks {peaks}; wall time on "
-        f"{GPUS_PER_NODE} GPUs = GPU-hours / {GPUS_PER_NODE}. FLOPs: forward + backward "
+        f"Model-FLOPs utilisation {mfu:g}; each job is priced at the dense peak of the precision "
+        f"it trains in (TFLOP/s: {peaks}; fp32 is float32 without TF32, PyTorch's default for "
+        "matrix products), and at no less than "
+        f"{STEP_FLOOR_S * 1e3:g} ms of GPU time per micro-batch step (launch overhead; † marks "
+        "GPU-hours this floor decided): GPU-hours = max(FLOPs / (peak · MFU), micro-batch steps "
+        f"· floor) / 3600; wall time on {GPUS_PER_NODE} GPUs = GPU-hours / {GPUS_PER_NODE}. "
+        "An fp32 job run with `hopfield run --tf32` (TF32 matrix products, off in every fp32 "
+        "preset as in its paper) needs 1/8 (A100) or 1/7.4 (H100) of the GPU-hours its FLOPs "
+        "decide; cuDNN's convolutions use TF32 in PyTorch by default either way. "
+        "FLOPs: forward + backward "
         "(what torch's FlopCounterMode counts, on the meta device, one micro-batch scaled to "
         "the global batch). "
         "Tokens: sequence positions, image patches (+ class token), bag instances or time "
@@ -1128,7 +1224,7 @@ def render_markdown(
                     for g, h in r.gpu_hours().items()
                 )
                 + ". Micro-batch: "
-                + "; ".join(f"{s} (preset precision {p})" for s, p in micro)
+                + "; ".join(f"{s} (preset precision {p}, priced at its peak)" for s, p in micro)
                 + ".",
                 "",
             ]

@@ -662,6 +662,7 @@ def _train_and_evaluate(
         checkpoint_every=config.checkpoint_every or (min(steps // 4, 5000) if steps >= 100 else 0),
         log_every=config.log_every or max(1, steps // 50),
         cpu=not torch.cuda.is_available(),
+        tokens_per_example=settings.seq_len if settings.family != "vit" else None,  # trackers
     )
     trainer = Trainer(
         model,

@@ -76,6 +76,8 @@ class RunContext:
     mixed_precision: str | None = None
     stand_in_data: bool = False
     data_workers: int = 0
+    tf32: bool = False
+    log_with: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from hopfield.training import process_layout
@@ -95,11 +97,16 @@ class RunContext:
 
     def training_config(self, **settings: Any) -> Any:
         """A :class:`hopfield.training.TrainingConfig` of ``settings`` with this run's limits
-        (``stop_after``, ``micro_batch_size``, ``mixed_precision``) and its ``data_workers``
-        (``num_workers``) applied; experiments build theirs with it."""
+        (``stop_after``, ``micro_batch_size``, ``mixed_precision``), its ``data_workers``
+        (``num_workers``), ``tf32`` and ``log_with`` (when set) applied; experiments build
+        theirs with it."""
         from hopfield.training import TrainingConfig
 
         settings.setdefault("num_workers", self.data_workers)
+        if self.tf32:
+            settings["tf32"] = True
+        if self.log_with:
+            settings["log_with"] = self.log_with
         if self.stop_after is not None:
             settings["stop_after"] = self.stop_after
         if self.micro_batch_size is not None:

@@ -7,12 +7,8 @@ import os
 import platform
 import random
 import shutil
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,14 +25,17 @@ from hopfield.experiments.results import Results, RunContext, _json_default
 from hopfield.training import (
     FULL_DISK_ERRORS,
     DiskFullError,
+    Preempted,
     collective_timeout,
+    preemptible,
     process_layout,
     warn_if_processes_were_lost,
 )
 
 RESULTS_FILE = "results.json"
 #: Beside an unfinished run: the sittings it has had so far (each sitting adds one when it starts,
-#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C, SIGTERM) or ``"failed"`` when it ends so;
+#: as ``"running"``, and marks it ``"stopped"`` (Ctrl-C; SIGUSR1 or SIGTERM, a preemption, with
+#: ``"preempted": {"signal", "step"}``) or ``"failed"`` when it ends so;
 #: one still ``"running"`` there was killed and reads back as ``"killed"``); the finished record
 #: carries the list and the totals instead.
 SITTINGS_FILE = "sittings.json"
@@ -331,24 +330,6 @@ def _put_back(unfinished: Path, before: str | None) -> None:
         unfinished.write_text(before)
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's or ``kill``'s stop) raises ``KeyboardInterrupt`` in the main thread
-    while the block runs, so that the sitting is recorded as stopped, as for Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_experiment(
     name: str,
     preset: str,
@@ -364,6 +345,8 @@ def run_experiment(
     stand_in_data: bool = False,
     overwrite: bool = True,
     data_workers: int = 0,
+    tf32: bool = False,
+    log_with: tuple[str, ...] = (),
 ) -> Path:
     """Run experiment ``name`` at ``preset`` and write ``out/name/results.json``.
 
@@ -373,14 +356,18 @@ def run_experiment(
     grows and the CPU time does not), the number of processes that ran it, the run limits and the
     :class:`Results` (tables, metrics, figures). Both times are sums over the run's sittings
     (:data:`SITTINGS_FILE`): this one is recorded there as ``"running"`` when it starts and as
-    ``"stopped"`` (Ctrl-C, or SIGTERM, which raises :class:`RunInterrupted` as Ctrl-C does) or
-    ``"failed"`` when it ends so.
+    ``"stopped"`` (Ctrl-C; or SIGUSR1/SIGTERM, a preemption: a training loop stops at its next
+    optimiser step after writing a checkpoint there, elsewhere the run stops at once, and the
+    sitting says ``"preempted": {"signal", "step"}``) or ``"failed"`` when it ends so; either
+    raises :class:`RunInterrupted` (from the :class:`~hopfield.training.Preempted` of a
+    preemption).
 
     Under ``torchrun``/``accelerate launch`` every process calls this; the process group is
     set up first (gloo on CPUs, nccl on GPUs), every process runs the experiment with the same
     seed, and only the main process writes files. ``stop_after``, ``micro_batch_size``,
-    ``mixed_precision``, ``stand_in_data`` and ``data_workers`` apply to every training run (see
-    :class:`RunContext`).
+    ``mixed_precision``, ``stand_in_data``, ``data_workers`` and ``tf32`` (TF32 matrix products on
+    CUDA, recorded as ``"tf32"``) and ``log_with`` (accelerate trackers, e.g. ``("tensorboard",)``,
+    each run's in its ``trackers`` folder) apply to every training run (see :class:`RunContext`).
 
     The record names the configuration fields that differ from the preset's (``overrides``:
     ``--set``, ``--seed``). When ``out/name`` holds a finished run of other settings (preset,
@@ -433,6 +420,8 @@ def run_experiment(
         mixed_precision=mixed_precision,
         stand_in_data=stand_in_data,
         data_workers=data_workers,
+        tf32=tf32,
+        log_with=tuple(log_with),
     )
     if experiment.single_process and state is not None and not context.is_main_process:
         state.wait_for_everyone()  # the main process computes and writes the record
@@ -442,16 +431,17 @@ def run_experiment(
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0, cpu0 = time.perf_counter(), time.process_time()
 
-    def sitting(outcome: str) -> dict[str, Any]:
+    def sitting(outcome: str, **more: Any) -> dict[str, Any]:
         return {
             "started_at": started,
             "wall_time_s": time.perf_counter() - t0,
             "cpu_time_s": time.process_time() - cpu0,
             "outcome": outcome,
+            **more,
         }
 
-    def keep(outcome: str) -> None:
-        kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome)]}
+    def keep(outcome: str, **more: Any) -> None:
+        kept = {**_as_json(_settings(planned)), "sittings": [*earlier, sitting(outcome, **more)]}
         context.save_json(SITTINGS_FILE, kept)
 
     code = code_version()  # what this sitting runs, before anything can change the tree
@@ -459,7 +449,7 @@ def run_experiment(
     before = unfinished.read_text() if unfinished.is_file() else None
     keep("running")  # what a killed sitting leaves (a stopped or failed one says so below)
     try:
-        with _terminate_as_interrupt():
+        with preemptible():  # SIGUSR1/SIGTERM: a training loop stops at its next step
             results = experiment.run(config, context)
     except (ConfigError, DataNotFoundError):  # refused before any work: no sitting, no folder
         if context.is_main_process:
@@ -469,7 +459,12 @@ def run_experiment(
         raise
     except (KeyboardInterrupt, Exception) as stop:
         try:
-            keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
+            if isinstance(stop, Preempted):
+                keep("stopped", preempted={"signal": stop.signal_name, "step": stop.step})
+                if stop.step is not None and state is not None:
+                    state.wait_for_everyone()  # all stopped at this step: none leaves early
+            else:
+                keep("stopped" if isinstance(stop, KeyboardInterrupt) else "failed")
         except DiskFullError:
             if not (isinstance(stop, OSError) and stop.errno in FULL_DISK_ERRORS):
                 raise
@@ -498,6 +493,7 @@ def run_experiment(
         "sittings": sittings,
         "processes": context.processes,
         "mixed_precision": mixed_precision,
+        "tf32": tf32,
         "limits": {
             "stop_after": stop_after,
             "micro_batch_size": micro_batch_size,
