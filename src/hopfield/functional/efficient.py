@@ -1029,6 +1029,12 @@ class TopK(_GatheredStructure):
                     selection=selection,
                 )
             )
+        if all(p[1] is None and p[2] is not None for p in parts):  # fixed k: equal widths
+            return (
+                torch.cat([p[0] for p in parts], dim=2),
+                None,
+                torch.cat([p[2] for p in parts if p[2] is not None], dim=2),
+            )
         slots = max(p[0].shape[-1] for p in parts)
         idx = torch.cat([F.pad(p[0], (0, slots - p[0].shape[-1])) for p in parts], dim=2)
         best = torch.cat(
@@ -1077,14 +1083,19 @@ class TopK(_GatheredStructure):
         chunk = self.key_chunk(size, upper, native.available(q, k))
         # Causal: no query of the piece sees beyond this column (but keep at least ``upper``).
         end = max(min(size, start + rows + size - length), upper) if causal else size
-        query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
+        if causal:
+            query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
         best_scores: Tensor | None = None
         best_idx: Tensor | None = None
-        # Valid keys per query: counted only where a mask makes them data-dependent.
+        # Valid keys per query (``fraction`` only): counted where a mask makes them
+        # data-dependent. A fixed ``k`` keeps every slot (``slots = min(k, S)``), so no
+        # per-row bookkeeping runs: each small operation is a parallel region of its own, which
+        # a busy CPU makes expensive.
         count_valid = self.fraction is not None and bias is not None
+        valid: Tensor | None = None
         if count_valid:
             valid = torch.zeros(batch, heads, rows, dtype=torch.int64, device=q.device)
-        else:
+        elif self.fraction is not None:
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
         q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
@@ -1103,7 +1114,7 @@ class TopK(_GatheredStructure):
                 cols = torch.arange(lo, hi, device=q.device).view(1, hi - lo)
                 scores.masked_fill_(cols > query + (size - length), -math.inf)
             scores = scores.expand(batch, heads, rows, hi - lo)
-            if count_valid:
+            if valid is not None and count_valid:
                 valid += torch.isfinite(scores).sum(-1)
             if selection is not None:
                 selection.push(scores, offset=lo)
@@ -1113,9 +1124,11 @@ class TopK(_GatheredStructure):
             found = selection.result()
             best_scores, best_idx = (t.view(batch, heads, rows, upper) for t in found)
         assert best_idx is not None and best_scores is not None
+        if valid is None:
+            return best_idx, None, best_scores
         kept = support_size(valid, self.k, self.fraction)
         slots = best_idx.shape[-1]
-        if self.fraction is not None and bool((kept < slots).any()):
+        if bool((kept < slots).any()):
             # Rows keep different numbers of keys: order the candidates, keep a prefix per row.
             best_scores, order = best_scores.sort(dim=-1, descending=True)
             best_idx = best_idx.gather(-1, order)
