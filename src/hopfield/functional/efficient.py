@@ -1011,16 +1011,16 @@ class TopK(_GatheredStructure):
                 selection=selection,
             )
         parts = []
+        q_scaled = q * scale  # once, not once a piece: each operation is a parallel region
         for lo in range(0, rows, step):
             hi = min(lo + step, rows)
-            piece_scale = _rows(scale, lo, hi, rows)
             piece_bias = None if bias is None else _rows(bias, lo, hi, rows)
             assert not isinstance(piece_bias, float)
             parts.append(
                 self._support_piece(
-                    q[:, :, lo:hi],
+                    q_scaled[:, :, lo:hi],
                     k,
-                    scale=piece_scale,
+                    scale=None,
                     bias=piece_bias,
                     causal=causal,
                     start=start + lo,
@@ -1065,7 +1065,7 @@ class TopK(_GatheredStructure):
         q: Tensor,
         k: Tensor,
         *,
-        scale: Tensor | float,
+        scale: Tensor | float | None,
         bias: Tensor | None,
         causal: bool,
         start: int,
@@ -1073,7 +1073,8 @@ class TopK(_GatheredStructure):
         workspace: Tensor,
         selection: native.RunningTopK | None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`), each key chunk's
+        """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`; ``scale=None``:
+        ``q`` is already scaled), each key chunk's
         scores computed into ``workspace`` (a flat buffer of at least ``B·H·Lc·chunk``) and, with
         the native kernels, ranked by ``selection`` (restarted here), else by
         :func:`_running_top`."""
@@ -1098,7 +1099,7 @@ class TopK(_GatheredStructure):
         elif self.fraction is not None:
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
-        q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
+        q_scaled = q if scale is None else q * scale  # (Lc, E) products, not (Lc, chunk)
         if selection is not None:
             selection.restart(batch * heads * rows)
         for lo in range(0, end, chunk):
