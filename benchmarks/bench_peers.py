@@ -16,27 +16,232 @@ asserted). The rows come from
 - with ``--memory``: the peak resident-memory growth of sparsemax and Top-K(64) attention at
   N = 16k (``bench_efficient.sparse_memory``, one subprocess per case).
 
+Issue 31 adds the rows where users lose at other sizes and conditions (``conditions_rows``):
+every structure at N = 128 … 512 ÷ SDPA (target 1.1), random features at head size 128 and
+batch 8, ``retrieve`` with few queries (target 1.05), the ``Hopfield`` layer at batch 1 ÷
+``nn.MultiheadAttention`` (target 1.1), ``Entmax(1.5)`` on flat rows and 1024 × 128 inputs
+(target 0.9), and, with ``--load N``, Top-K(64) and random-mask forward at N = 2k while ``N``
+busy processes run (:func:`busy_processes`; targets 1.5 and 1, measured under the same load).
+
 Run from the repository root (``--quick``: smaller sizes, for a smoke test):
 
     python benchmarks/bench_peers.py [--quick] [--repeats 7] [--threads 2] [--memory]
-        [--json out.json] [--markdown]
+        [--load 2] [--out record.json] [--markdown]
+    python benchmarks/bench_peers.py --render record.json [--readme README.md]
+
+``--out`` writes a record of the run (rows, threads, load, date, machine, software); ``--render``
+prints the README's speed section from such a record, or with ``--readme`` replaces the section
+between the markers ``<!-- bench_peers:begin -->`` and ``<!-- bench_peers:end -->`` in that file.
+Render the README only from a record measured on an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import math
-from collections.abc import Callable
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from _timing import ROW_HEADER, format_row, ratio_row
 from bench_core import retrieve_case
 from bench_efficient import sparse_memory
 
 RETRIEVE_TARGET = 1.15
+SMALL_TARGET = 1.1  # issue 31, item 2: every structure at N >= 128 ÷ the dense path
+BEGIN, END = "<!-- bench_peers:begin -->", "<!-- bench_peers:end -->"
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` processes that spin on a core each while the block runs; they are killed and
+    reaped on the way out, also when the block raises or is interrupted."""
+    if count < 0:
+        raise ValueError(f"the load must be a number of processes >= 0, got {count}")
+    spinners: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            spinners.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def _attention_row(
+    model: str, n: int, backward: bool, repeats: int, target: float, **fields: object
+) -> dict[str, Any]:
+    import peers_sparse_attention
+
+    ours, sdpa = peers_sparse_attention.case(model, n, backward)
+    label = f"{model} N={n} {'fwd+bwd' if backward else 'fwd'}"
+    extra = "".join(f" {key} {value}" for key, value in fields.items())
+    return ratio_row(
+        label + extra, ours, sdpa, repeats, target=target, peer="dense SDPA", model=model, n=n,
+        backward=backward, **fields,
+    )  # fmt: skip
+
+
+def small_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """Every structure at small N ÷ SDPA (issue 31, item 2)."""
+    import peers_sparse_attention
+
+    sizes = [128, 256] if quick else [128, 256, 512]
+    return [
+        _attention_row(model, n, backward, repeats, SMALL_TARGET)
+        for model in peers_sparse_attention.MODELS
+        for n in sizes
+        for backward in (False, True)
+    ]
+
+
+def loaded_rows(repeats: int, quick: bool, load: int) -> list[dict[str, Any]]:
+    """Top-K(64) and random-mask forward at N = 2k ÷ SDPA while ``load`` busy processes run
+    (issue 31, item 1); both sides are timed under the same load."""
+    n = 512 if quick else 2048
+    targets = {"TopK(64)": 1.5, "RandomMask(64)": 1.0}
+    with busy_processes(load):
+        return [
+            _attention_row(model, n, False, repeats, target, load=load)
+            for model, target in targets.items()
+        ]
+
+
+def random_feature_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """Random features at head size 128 and at batch 8 ÷ SDPA (issue 31, item 3)."""
+    from hopfield.functional import associate
+    from hopfield.functional.efficient_kernel import RandomFeatures
+
+    n = 512 if quick else 2048
+    out = []
+    for batch, dim in ((1, 128), (8, 64)):
+        gen = torch.Generator().manual_seed(batch * dim)
+        q, k, v = (torch.randn(batch, 8, n, dim, generator=gen) for _ in range(3))
+        structure = RandomFeatures(seed=0)
+        with torch.no_grad():
+            out.append(
+                ratio_row(
+                    f"RandomFeatures N={n} B={batch} E={dim} fwd",
+                    lambda: associate(q, k, v, structure=structure),  # noqa: B023
+                    lambda: F.scaled_dot_product_attention(q, k, v),  # noqa: B023
+                    repeats,
+                    target=1.0,
+                    peer="dense SDPA",
+                    n=n,
+                    batch=batch,
+                    dim=dim,
+                )
+            )
+    return out
+
+
+def few_query_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """``retrieve`` (one step, defaults) with few queries ÷ the plain formula (issue 31, item 6)."""
+    from hopfield.functional import Softmax
+    from hopfield.memory import retrieve
+
+    size = 2000 if quick else 10_000
+    gen = torch.Generator().manual_seed(0)
+    memories = torch.rand(size, 784, generator=gen)
+    beta = 1.0 / 784
+    out = []
+    with torch.inference_mode():
+        for count in (1, 10, 100):
+            queries = torch.rand(count, 784, generator=gen)
+            out.append(
+                ratio_row(
+                    f"retrieve {count} x {size}, d 784",
+                    lambda: retrieve(queries, memories, Softmax(), beta=beta),  # noqa: B023
+                    lambda: torch.softmax(beta * queries @ memories.T, -1) @ memories,  # noqa: B023
+                    repeats,
+                    target=1.05,
+                    peer="softmax(βQMᵀ)M",
+                    queries=count,
+                )
+            )
+    return out
+
+
+def layer_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """The ``Hopfield`` layer at batch 1 ÷ ``nn.MultiheadAttention`` (issue 31, item 7)."""
+    from hopfield.nn import Hopfield
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 256, 64)
+    ours = Hopfield(64, num_heads=1, batch_first=True).eval()
+    peer = torch.nn.MultiheadAttention(64, 1, batch_first=True).eval()
+    with torch.no_grad():
+        row = ratio_row(
+            "Hopfield layer B=1 N=256 width 64, 1 head, fwd",
+            lambda: ours(x),
+            lambda: peer(x, x, x, need_weights=False),
+            max(repeats, 50),  # 0.3 ms a call: more pairs for a steady median
+            target=1.1,
+            peer="nn.MultiheadAttention",
+        )
+    return [row]
+
+
+def entmax_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """``Entmax(1.5)`` ÷ ``entmax.entmax15`` on flat rows and on 1024 × 128 inputs (issue 31,
+    item 5)."""
+    import entmax as peer
+
+    from hopfield.functional.separation import Entmax
+
+    rows_count = 1024 if quick else 8192
+    gen = torch.Generator().manual_seed(5)
+    inputs = {
+        f"flat {rows_count}x1024": 1e-3 * torch.randn(rows_count, 1024, generator=gen),
+        "1024x128": torch.randn(1024, 128, generator=gen),
+    }
+    ours_map = Entmax(1.5)
+    out = []
+    for label, x in inputs.items():
+        scores = x.requires_grad_(True)
+
+        def run(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], object]:
+            def call() -> object:
+                scores.grad = None  # noqa: B023
+                fn(scores).sum().backward()  # noqa: B023
+                return scores.grad  # noqa: B023
+
+            return call
+
+        out.append(
+            ratio_row(
+                f"Entmax(1.5) {label} fwd+bwd",
+                run(ours_map),
+                run(lambda s: peer.entmax15(s, dim=-1)),
+                repeats,
+                target=0.9,
+                peer="entmax.entmax15",
+            )
+        )
+    return out
+
+
+def conditions_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """The rows of issue 31 that need no background load."""
+    return [
+        *small_rows(repeats, quick),
+        *random_feature_rows(repeats, quick),
+        *few_query_rows(repeats, quick),
+        *layer_rows(repeats, quick),
+        *entmax_rows(repeats, quick),
+    ]
 
 
 def retrieve_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
@@ -65,6 +270,7 @@ def row_sources() -> list[tuple[str, Callable[[int, bool], list[dict[str, Any]]]
         ("sparse attention", peers_sparse_attention.rows),
         ("retrieve", retrieve_rows),
         ("Hyper-SET", peers_hyperset.rows),
+        ("other sizes and conditions", conditions_rows),
     ]
 
 
@@ -87,18 +293,85 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def record_of(
+    rows: list[dict[str, Any]], memory: list[dict[str, Any]], threads: int, load: int
+) -> dict[str, Any]:
+    """A run's record: its rows and the conditions they were measured under."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "threads": threads,
+        "load": load,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rows": rows,
+        "memory": memory,
+    }
+
+
+def render_section(record: dict[str, Any]) -> str:
+    """The README's speed section (between the markers) from a record of :func:`record_of`."""
+    for key in ("date", "threads", "load", "rows"):
+        if key not in record:
+            raise ValueError(f"the record has no {key!r}: is it a bench_peers.py --out record?")
+    average = record.get("load_average")
+    busy = "" if not average else f", load average {average[0]:.1f} at the end"
+    lines = [
+        BEGIN,
+        f"Measured {record['date'][:10]} with `python benchmarks/bench_peers.py` "
+        f"({record['threads']} threads, torch {record.get('torch', '?')}, "
+        f"{record.get('cpus', '?')} CPUs{busy}; the loaded rows ran beside "
+        f"{record['load']} busy processes).",
+        "",
+        markdown(record["rows"]),
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def render_into(record_path: Path, readme: Path | None) -> str:
+    """:func:`render_section` of the record at ``record_path``; with ``readme``, also written
+    over the section between the markers of that file."""
+    record = json.loads(record_path.read_text())
+    section = render_section(record)
+    if readme is None:
+        return section
+    text = readme.read_text()
+    begin, end = text.find(BEGIN), text.find(END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} section to replace")
+    readme.write_text(text[:begin] + section + text[end + len(END) :])
+    return section
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, a smoke test")
     parser.add_argument("--repeats", type=int, default=7, help="timed pairs per row")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--memory", action="store_true", help="also the 16k peak-memory rows")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--load", type=int, default=0, help="busy processes for the loaded rows")
+    parser.add_argument("--only", choices=["conditions"], default=None, help="only these rows")
+    parser.add_argument("--out", "--json", dest="out", default=None, help="write the record here")
     parser.add_argument("--markdown", action="store_true", help="print the README table")
+    parser.add_argument("--render", default=None, help="a record to render the README section of")
+    parser.add_argument("--readme", default=None, help="with --render: the file to update")
     args = parser.parse_args()
+    if args.render:
+        print(render_into(Path(args.render), Path(args.readme) if args.readme else None))
+        return
+    if args.load < 0:
+        parser.error(f"--load must be >= 0, got {args.load}")
     torch.set_num_threads(args.threads)
+    sources = row_sources()
+    if args.only == "conditions":
+        sources = [pair for pair in sources if pair[1] is conditions_rows]
+    if args.load:
+        sources.append(("under load", lambda r, q: loaded_rows(r, q, args.load)))
     rows: list[dict[str, Any]] = []
-    for name, source in row_sources():
+    for name, source in sources:
         print(f"== {name}\n{ROW_HEADER}", flush=True)
         for row in source(args.repeats, args.quick):
             print(format_row(row), flush=True)
@@ -106,9 +379,9 @@ def main() -> None:
     memory = sparse_memory([16384], [1], 64, args.threads) if args.memory else []
     if args.markdown:
         print("\n" + markdown(rows))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"threads": args.threads, "rows": rows, "memory": memory}, handle, indent=2)
+    if args.out:
+        record = record_of(rows, memory, args.threads, args.load)
+        Path(args.out).write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

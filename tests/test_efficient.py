@@ -13,7 +13,20 @@ from hopfield.functional.efficient import RandomMask, TopK, Window, floyd_sample
 from hopfield.nn import Hopfield
 
 # Every test runs on the native CPU kernels and on the PyTorch path (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures("kernel_path")
+pytestmark = pytest.mark.usefixtures("kernel_path", "dispatch")
+
+
+@pytest.fixture(params=["default", "gathered"])
+def dispatch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the default size dispatch (small problems with gradients take the dense
+    masked path, :func:`~hopfield.functional.efficient.dense_with_support`) and with the
+    gathered path at every size."""
+    if request.param == "gathered":
+        from hopfield.functional.efficient import _GatheredStructure
+
+        monkeypatch.setattr(_GatheredStructure, "_dense_fits", lambda *args: False)
+    return str(request.param)
+
 
 D = torch.float64
 NO = {"causal": False, "dropout": 0.0, "return_weights": False}
@@ -641,7 +654,7 @@ def _random_mask_both_paths(monkeypatch, separation, mask, causal, grad_probe=Tr
     results = []
     for elements in (efficient._MASKED_KERNEL_ELEMENTS, 0):
         monkeypatch.setattr(efficient, "_MASKED_KERNEL_ELEMENTS", elements)
-        structure = RandomMask(4, seed=2).eval()
+        structure = RandomMask(4, seed=2, dense_until=None).eval()
         out, _ = structure(
             q, k, v, separation=separation, scale=0.7, mask=mask, causal=causal, dropout=0.0,
             return_weights=False,
@@ -741,3 +754,129 @@ def test_product_into_writes_the_workspace_or_falls_back_to_a_fresh_tensor() -> 
     promoted = _product_into(workspace, q.double(), k.double())  # a float32 workspace
     assert promoted.dtype == torch.float64 and promoted.data_ptr() != workspace.data_ptr()
     torch.testing.assert_close(promoted, q.double() @ k.double().transpose(-1, -2))
+
+
+# ------------------------------------------------------------------------------------------------
+# Size dispatch: the dense masked path of Top-K and random masks (issue 31, item 2)
+# ------------------------------------------------------------------------------------------------
+
+DISPATCH_STRUCTURES = {
+    "topk": lambda until: TopK(3, dense_until=until),
+    "topk-fraction": lambda until: TopK(fraction=0.4, dense_until=until),
+    "random": lambda until: RandomMask(3, seed=1, dense_until=until).eval(),
+    "random-fraction": lambda until: RandomMask(fraction=0.5, seed=1, dense_until=until).eval(),
+}
+
+
+def _dispatch_mask(kind: str) -> Tensor | None:
+    """None, a boolean mask with a fully masked row, or an additive mask with -inf entries."""
+    gen = torch.Generator().manual_seed(3)
+    allowed = torch.rand(2, 1, 9, 12, generator=gen) > 0.3
+    allowed[0, :, 4] = False  # a query that sees no key
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return allowed
+    values = torch.randn(2, 1, 9, 12, dtype=D, generator=gen)
+    return values.masked_fill(~allowed, -math.inf)
+
+
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0), Sparsemax(), Entmax(1.5)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(DISPATCH_STRUCTURES))
+def test_dense_dispatch_equals_gathered_path(dispatch, separation, mask_kind, causal, name):
+    """Both sides of the crossover (``dense_until`` above and below S) give the same values and
+    gradients in float64, with masks, causal rows and rows that see no key (zeros)."""
+    if dispatch == "gathered":
+        pytest.skip("the test picks its paths itself")
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    scale = torch.full((2, 1, 1), 0.7, dtype=D, requires_grad=True)
+    mask = _dispatch_mask(mask_kind)
+    results = []
+    for until in (None, 12):
+        out = associate(
+            q, k, v, separation=separation, structure=DISPATCH_STRUCTURES[name](until),
+            scale=scale, mask=mask, causal=causal,
+        )  # fmt: skip
+        probe = torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)
+        results.append((out, *torch.autograd.grad((out * probe).sum(), (q, k, v, scale))))
+    for gathered, dense in zip(*results, strict=True):
+        assert torch.isfinite(dense).all()
+        torch.testing.assert_close(dense, gathered, rtol=1e-9, atol=1e-11)
+    if mask_kind != "none":
+        assert (results[1][0][0, :, 4] == 0).all()
+
+
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax()])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_topk_path_equals_the_float64_reference(dispatch, separation, causal) -> None:
+    """The dense Top-K path against the explicit reference on the oracle's support; weights
+    outside the support are exactly 0."""
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    allowed = causal_allowed(9, 12) if causal else None
+    support = topk_support(q, k, 0.5, 3, allowed)
+    out, weights = associate(
+        q, k, v, separation=separation, structure=TopK(3, dense_until=64), scale=0.5,
+        causal=causal, return_weights=True,
+    )  # fmt: skip
+    ref, ref_weights = reference(q, k, v, separation, 0.5, support)
+    assert_same(out, ref, (q, k, v))
+    assert weights is not None
+    assert (weights[~support.expand_as(weights)] == 0).all()
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-10, atol=1e-12)
+
+
+def test_dense_dispatch_applies_with_gradients_below_the_crossover(
+    monkeypatch, dispatch, kernel_path
+) -> None:
+    if dispatch == "gathered":
+        pytest.skip("the test picks its paths itself")
+    import hopfield.functional.efficient as efficient
+
+    calls: list[int] = []
+    original = efficient.dense_with_support
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(efficient, "dense_with_support", spy)
+    q, k, v = patterns(b=1, h=2, length=9, size=12, e=4, ev=4)
+    for structure in (TopK(3, dense_until=12), RandomMask(3, seed=0, dense_until=12)):
+        associate(q, k, v, structure=structure)  # gradients, S <= dense_until: dense
+        assert len(calls) == 1
+        with torch.no_grad():  # no gradients: the gathered path
+            associate(q, k, v, structure=structure)
+        structure.dense_until = 11  # above the crossover: the gathered path
+        if isinstance(structure, TopK) or kernel_path == "native":
+            # (without the native kernels random masks with gradients take the masked kernel)
+            associate(q, k, v, structure=structure)
+        assert len(calls) == 1
+        calls.clear()
+    small_budget = TopK(3, dense_until=12, max_block_elements=2 * 9 * 12 - 1)
+    associate(q, k, v, structure=small_budget)  # the L x S mask exceeds the budget
+    assert not calls
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "128"])
+def test_dense_until_must_be_a_non_negative_int(bad) -> None:
+    for make in (lambda: TopK(3, dense_until=bad), lambda: RandomMask(3, dense_until=bad)):
+        with pytest.raises(ValueError, match="dense_until"):
+            make()
+
+
+def test_topk_with_one_key_chunk_ranks_it_once(monkeypatch, kernel_path) -> None:
+    """Keys that fit one chunk are ranked by one top-K, without a running selection (whose
+    per-row state made Top-K at N <= 2048 several times slower)."""
+    from hopfield.functional import native
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a running selection for a single chunk")
+
+    monkeypatch.setattr(native, "RunningTopK", refuse)
+    q, k, v = patterns(b=1, h=2, length=9, size=40, e=4, ev=4)
+    with torch.no_grad():
+        out = associate(q, k, v, structure=TopK(3, dense_until=None), scale=0.5)
+    ref, _ = reference(q, k, v, Softmax(), 0.5, topk_support(q, k, 0.5, 3))
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)

@@ -304,3 +304,36 @@ def test_bad_forward_input_raises() -> None:
         hop(torch.randn(2, 5, D), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask"):
         hop(torch.randn(2, 5, D), attn_mask=torch.zeros(3, 5, dtype=torch.bool))
+
+
+def test_inference_caches_follow_weight_and_scale_changes() -> None:
+    """Without gradients the layer stacks its projections and reads a shared scale once (issue
+    31, item 7); the results equal the training-mode computation, and a changed weight, bias or
+    scale (in place or loaded) is used at the next call."""
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            fast = layer(x)
+        slow = layer(x)  # gradients: three projections and the scale as a tensor
+        assert slow.requires_grad
+        return fast, slow.detach()
+
+    fast, slow = both()
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        layer.k_proj.weight.mul_(2.0)
+        layer.v_proj.bias.add_(1.0)
+        layer.scale.fill_(0.3)
+    changed, reference = both()
+    assert not torch.allclose(changed, fast)
+    torch.testing.assert_close(changed, reference, rtol=1e-12, atol=1e-12)
+    state = {key: value.clone() for key, value in layer.state_dict().items()}
+    state["scale"] = torch.tensor([0.2, 0.5], dtype=torch.float64)  # per-head scales
+    state["q_proj.weight"] = torch.randn(8, 8, dtype=torch.float64)
+    layer.load_state_dict(state)
+    loaded, reference = both()
+    torch.testing.assert_close(loaded, reference, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(loaded, changed)

@@ -192,3 +192,26 @@ def test_the_examples_in_the_documentation_run() -> None:
     assert len(blocks) >= 2
     for block in blocks:
         exec(compile(block, "docs/memory.md", "exec"), {})
+
+
+@pytest.mark.parametrize("tol", [0.0, 0.5])
+def test_first_step_without_selection_matches_the_formula(tol: float) -> None:
+    """The first step takes every query without selecting (issue 31, item 6): patterns,
+    residuals, steps and convergence are those of one explicit update."""
+    gen = torch.Generator().manual_seed(4)
+    memories = torch.randn(30, 6, dtype=torch.float64, generator=gen)
+    query = torch.randn(5, 6, dtype=torch.float64, generator=gen)
+    query[0] = memories[3] * 8  # converges within tol at once
+    expected = torch.softmax(0.5 * query @ memories.T, -1) @ memories
+    moved = (expected - query).norm(dim=-1)
+    for steps in (1, 2):
+        result = retrieve(query, memories, beta=0.5, steps=steps, tol=tol)
+        torch.testing.assert_close(result.residuals[0], moved, rtol=1e-12, atol=1e-12)
+        if steps == 1:
+            torch.testing.assert_close(result.patterns, expected, rtol=1e-12, atol=1e-12)
+            assert torch.equal(result.steps, torch.ones(5, dtype=torch.int64))
+            assert torch.equal(result.converged, moved <= tol)
+        else:  # queries that converged in the first step stay where it left them
+            stopped = moved <= tol
+            torch.testing.assert_close(result.patterns[stopped], expected[stopped])
+            assert torch.equal(result.steps, torch.where(stopped, 1, 2))

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hopfield.functional import native
+from hopfield.functional.efficient import floyd_sample
 
 pytestmark = pytest.mark.skipif(
     not native.available(torch.zeros(1)), reason="the native kernels did not build here"
@@ -513,3 +514,42 @@ def test_a_build_killed_with_sigkill_leaves_no_files_behind(fresh_library: Path)
     (orphan,) = fresh_library.glob("native/*/.build-*")
     assert native._library() is not None  # the next build, in this process
     assert not orphan.exists() and _cached(fresh_library)[0].parent == orphan.parent
+
+
+def test_threads_follow_the_work_and_small_calls_stay_on_one_thread() -> None:
+    torch.set_num_threads(3)
+    try:
+        assert native._threads(100) == 1  # no parallel region for small work
+        assert native._threads(2 * native._GRAIN) == 2
+        assert native._threads(10**9) == 3
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernels_split_into_claimed_pieces_match_pytorch(dtype) -> None:
+    """Work large enough for 3 threads, whose rows (an odd count) are cut into pieces the
+    threads claim in turn: the results are those of PyTorch."""
+    torch.set_num_threads(3)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(301, 2000, dtype=dtype, generator=gen)
+        values, cols = native.topk(x, 7)
+        _same_selection(x, 7, values, cols)
+        a = torch.randn(301, 64, dtype=dtype, generator=gen)
+        table = torch.randn(500, 64, dtype=dtype, generator=gen)
+        idx = torch.randint(0, 500, (301, 40), generator=gen)
+        expected = (table[idx] * a.unsqueeze(-2)).sum(-1)
+        torch.testing.assert_close(native.gather_dot(a, table, idx), expected)
+        w = torch.randn(301, 40, dtype=dtype, generator=gen)
+        products = (w.unsqueeze(-1) * a.unsqueeze(-2)).reshape(-1, 64)
+        reference = table.clone().index_add_(0, idx.reshape(-1), products)
+        torch.testing.assert_close(native.scatter_outer(table.clone(), idx, w, a), reference)
+        n = torch.full((20001,), 50, dtype=torch.int64)
+        count = torch.full((20001,), 4, dtype=torch.int64)
+        rand = torch.rand(20001, 4, generator=gen)
+        torch.testing.assert_close(
+            native.floyd_sample(count, n, 4, rand), floyd_sample(count, n, 4, rand)
+        )
+    finally:
+        torch.set_num_threads(1)

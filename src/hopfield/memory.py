@@ -187,18 +187,25 @@ def retrieve(
     used = torch.zeros(x.shape[0], x.shape[2], dtype=torch.int64, device=x.device)
     trace = [energy_of(x)] if energy is not None else []
     residuals = []
-    for _ in range(steps):
-        if not bool(active.any()):
+    for step in range(steps):
+        # Every query takes the first step: no check, no selection (a step of few queries
+        # costs little more than its update).
+        if step > 0 and not bool(active.any()):
             break
         new = associate(
             x, keys, keys, separation=separation, structure=structure, scale=float(beta)
         )
         assert isinstance(new, Tensor)
         moved = (new - x).norm(dim=-1)[:, 0]
-        x = torch.where(active[:, None, :, None], new, x)
-        residuals.append(torch.where(active, moved, torch.zeros_like(moved)))
-        used = used + active.long()
-        active = active & (moved > tol)
+        if step == 0:
+            x, used = new, used + 1
+            residuals.append(moved)
+            active = moved > tol
+        else:
+            x = torch.where(active[:, None, :, None], new, x)
+            residuals.append(torch.where(active, moved, torch.zeros_like(moved)))
+            used = used + active.long()
+            active = active & (moved > tol)
         if energy is not None:
             trace.append(energy_of(x))
     out_shape = shape[:-1]

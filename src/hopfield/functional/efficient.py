@@ -31,7 +31,13 @@ from torch.autograd.function import once_differentiable
 
 from hopfield.functional import native
 from hopfield.functional.separation import Separation, SoftmaxN
-from hopfield.functional.structures import Dense, Scale, Structure, computed_in_float32
+from hopfield.functional.structures import (
+    Dense,
+    Scale,
+    Structure,
+    causal_mask,
+    computed_in_float32,
+)
 
 __all__ = ["RandomMask", "TopK", "Window"]
 
@@ -166,6 +172,14 @@ def upper_count(k: int | None, fraction: float | None, size: int) -> int:
 _DENSE_SCORES_FROM = 8
 
 
+# Up to these many keys Top-K and random masks with gradients compute the same association
+# densely (:func:`dense_with_support`). Thread CPU time ÷ SDPA's, forward + backward, B1 H8
+# E64 k64, one thread on the loaded 2-core CPU (27 Nov 2026): Top-K 1.67 dense vs 2.59
+# gathered at N = 128, 1.85 vs 1.69 at 256; random mask 1.84 vs 3.16 at 128, 1.52 vs 1.65 at
+# 256, 1.26 vs 0.86 at 512. Without gradients the gathered path wins at every N.
+TOPK_DENSE_UNTIL = 128
+RANDOM_MASK_DENSE_UNTIL = 256
+
 # Scores per piece of Top-K's support search (kept small enough to stay in cache).
 _SCORE_PIECE = 1 << 21
 # Keys per score chunk of Top-K's support search, with and without the native kernels.
@@ -248,6 +262,56 @@ def scatter_outer(dst: Tensor, idx: Tensor, weights: Tensor, src: Tensor) -> Ten
     return dst.index_add_(0, idx.reshape(-1), products.reshape(-1, dim).to(dst.dtype))
 
 
+def _check_dense_until(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"dense_until must be a non-negative int or None, got {value!r}")
+    return value
+
+
+def support_bias(idx: Tensor, keep: Tensor | None, out: Tensor) -> Tensor:
+    """Write ``0`` into ``out (B, H, Lc, S)`` (filled with ``-inf`` by the caller) at the key
+    indices ``idx (B, H, Lc, K)`` of the kept slots ``keep`` (all when ``None``); returns
+    ``out``. Slots outside ``keep`` may repeat a kept index: the largest value wins."""
+    if keep is None:
+        return out.scatter_(-1, idx, 0.0)
+    zero = torch.zeros((), dtype=out.dtype, device=out.device)
+    flags = torch.where(keep, zero, torch.full_like(zero, -math.inf))
+    return out.scatter_reduce_(-1, idx, flags, reduce="amax")
+
+
+def dense_with_support(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    *,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    dropout: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The association of a gathered structure computed densely: ``bias (B, H, L, S)`` is 0 on
+    each query's support (which lies among the keys the mask and the causal rule allow) and
+    ``-inf`` elsewhere (:func:`support_bias`); a float ``mask`` adds its finite values (and its
+    gradients) and :class:`~hopfield.functional.structures.Dense` associates (the fused kernels
+    for the softmax family). Keys outside the support get weight exactly 0, as in the gathered
+    path; rows with an empty support give zeros."""
+    if mask is not None and mask.dtype != torch.bool:
+        bias = bias + mask.to(q.dtype)
+    return Dense()(
+        q,
+        k,
+        v,
+        separation=separation,
+        scale=scale,
+        mask=bias,
+        causal=False,
+        dropout=dropout,
+        return_weights=return_weights,
+    )
+
+
 class _GatheredStructure(Structure):
     """Base of structures whose support is a per-query list of key indices ``(B, H, L, K)``.
 
@@ -257,9 +321,24 @@ class _GatheredStructure(Structure):
     """
 
     max_block_elements: int
+    dense_until: int | None
 
     def _block_length(self, batch_heads: int, per_query: int, length: int) -> int:
         return max(1, min(length, self.max_block_elements // max(1, batch_heads * per_query)))
+
+    def _dense_fits(self, q: Tensor, k: Tensor, v: Tensor, scale: Scale) -> bool:
+        """Whether the association takes the dense masked path (:func:`dense_with_support`):
+        gradients needed, at most ``dense_until`` keys and an ``L × S`` mask within
+        ``max_block_elements``. (Without gradients the gathered path is the faster at every
+        size measured.)"""
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
+        return (
+            self.dense_until is not None
+            and _grads_needed(q, k, v, scale)
+            and size <= self.dense_until
+            and batch * heads * length * size <= self.max_block_elements
+        )
 
     def _recomputed(
         self,
@@ -779,6 +858,11 @@ class TopK(_GatheredStructure):
             2048 with the native kernels (each chunk continues the running selection in place)
             and 4096 without (where merging the running selection costs a ``topk`` per chunk).
         max_block_elements: budget of gathered elements per query block.
+        dense_until: with gradients, up to this many keys (and an ``L × S`` mask within
+            ``max_block_elements``) the same association is computed densely: the scores'
+            top ``K`` per row (:meth:`torch.Tensor.topk`) become a mask of the dense fused kernel
+            (:func:`dense_with_support`), which at small sizes costs less than the chunked search
+            and gathers; ``None``: never.
     """
 
     def __init__(
@@ -788,6 +872,7 @@ class TopK(_GatheredStructure):
         fraction: float | None = None,
         chunk_size: int | None = None,
         max_block_elements: int = 1 << 23,
+        dense_until: int | None = TOPK_DENSE_UNTIL,
     ) -> None:
         super().__init__()
         self.k, self.fraction = _check_count(k, fraction)
@@ -795,6 +880,7 @@ class TopK(_GatheredStructure):
             None if chunk_size is None else _check_positive_int("chunk_size", chunk_size)
         )
         self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
+        self.dense_until = _check_dense_until(dense_until)
 
     def extra_repr(self) -> str:
         return f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
@@ -819,6 +905,18 @@ class TopK(_GatheredStructure):
         return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
+        if self._dense_fits(q, k, v, scale):
+            return dense_with_support(
+                q,
+                k,
+                v,
+                self._dense_support(q, k, scale, mask, causal),
+                separation=separation,
+                scale=scale,
+                mask=mask,
+                dropout=dropout,
+                return_weights=return_weights,
+            )
         if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
             return self._recomputed(q, k, v, separation, scale, mask, causal), None
         size = k.shape[-2]
@@ -837,6 +935,38 @@ class TopK(_GatheredStructure):
             slots=upper,
             extra_per_query=upper + chunk,
         )
+
+    def _dense_support(
+        self, q: Tensor, k: Tensor, scale: Scale, mask: Tensor | None, causal: bool
+    ) -> Tensor:
+        """The additive support bias ``(B, H, L, S)`` (:func:`support_bias`) of every query from
+        its full row of scores: the ``K`` largest allowed scores (:func:`top_scores`; ``K`` per
+        row from the allowed keys for ``fraction``), no gradients."""
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
+        with torch.no_grad():
+            scores = torch.matmul(q * scale, k.transpose(-1, -2))
+            bias = additive_bias(mask, scores.dtype)
+            if bias is not None:
+                scores = scores + bias
+            if causal:
+                scores = scores.masked_fill(~causal_mask(length, size, q.device), -math.inf)
+            scores = scores.expand(batch, heads, length, size).contiguous()
+            limited = bias is not None or causal  # some rows may have fewer allowed keys
+            slots = upper_count(self.k, self.fraction, size)
+            values, idx = top_scores(scores, slots)
+            keep = values > -math.inf if limited else None
+            if self.fraction is not None:
+                valid = (
+                    (scores > -math.inf).sum(-1) if limited else torch.full_like(idx[..., 0], size)
+                )
+                values, order = values.sort(dim=-1, descending=True)
+                idx = idx.gather(-1, order)
+                ranked = torch.arange(slots, device=q.device) < support_size(
+                    valid, self.k, self.fraction
+                ).unsqueeze(-1)
+                keep = ranked & (values > -math.inf)
+            return support_bias(idx, keep, scores.fill_(-math.inf))
 
     def _support(
         self,
@@ -860,7 +990,13 @@ class TopK(_GatheredStructure):
         workspace = q.new_empty(batch * heads * min(step, rows) * chunk)
         selection = None
         scores_dtype = q.dtype if not isinstance(scale, Tensor) else scale.dtype
-        if native.available(q, k) and torch.promote_types(q.dtype, scores_dtype) == q.dtype:
+        # One chunk of keys: a single top-K (native.topk keeps no per-row state between chunks).
+        several_chunks = size > chunk
+        if (
+            several_chunks
+            and native.available(q, k)
+            and torch.promote_types(q.dtype, scores_dtype) == q.dtype
+        ):
             selection = native.RunningTopK(batch * heads * min(step, rows), upper, q.dtype)
         if step >= rows:
             return self._support_piece(
@@ -875,16 +1011,16 @@ class TopK(_GatheredStructure):
                 selection=selection,
             )
         parts = []
+        q_scaled = q * scale  # once, not once a piece: each operation is a parallel region
         for lo in range(0, rows, step):
             hi = min(lo + step, rows)
-            piece_scale = _rows(scale, lo, hi, rows)
             piece_bias = None if bias is None else _rows(bias, lo, hi, rows)
             assert not isinstance(piece_bias, float)
             parts.append(
                 self._support_piece(
-                    q[:, :, lo:hi],
+                    q_scaled[:, :, lo:hi],
                     k,
-                    scale=piece_scale,
+                    scale=None,
                     bias=piece_bias,
                     causal=causal,
                     start=start + lo,
@@ -892,6 +1028,12 @@ class TopK(_GatheredStructure):
                     workspace=workspace,
                     selection=selection,
                 )
+            )
+        if all(p[1] is None and p[2] is not None for p in parts):  # fixed k: equal widths
+            return (
+                torch.cat([p[0] for p in parts], dim=2),
+                None,
+                torch.cat([p[2] for p in parts if p[2] is not None], dim=2),
             )
         slots = max(p[0].shape[-1] for p in parts)
         idx = torch.cat([F.pad(p[0], (0, slots - p[0].shape[-1])) for p in parts], dim=2)
@@ -923,7 +1065,7 @@ class TopK(_GatheredStructure):
         q: Tensor,
         k: Tensor,
         *,
-        scale: Tensor | float,
+        scale: Tensor | float | None,
         bias: Tensor | None,
         causal: bool,
         start: int,
@@ -931,7 +1073,8 @@ class TopK(_GatheredStructure):
         workspace: Tensor,
         selection: native.RunningTopK | None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`), each key chunk's
+        """The support of the queries ``q (B, H, Lc, E)`` (see :meth:`_support`; ``scale=None``:
+        ``q`` is already scaled), each key chunk's
         scores computed into ``workspace`` (a flat buffer of at least ``B·H·Lc·chunk``) and, with
         the native kernels, ranked by ``selection`` (restarted here), else by
         :func:`_running_top`."""
@@ -941,17 +1084,22 @@ class TopK(_GatheredStructure):
         chunk = self.key_chunk(size, upper, native.available(q, k))
         # Causal: no query of the piece sees beyond this column (but keep at least ``upper``).
         end = max(min(size, start + rows + size - length), upper) if causal else size
-        query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
+        if causal:
+            query = torch.arange(start, start + rows, device=q.device).view(rows, 1)
         best_scores: Tensor | None = None
         best_idx: Tensor | None = None
-        # Valid keys per query: counted only where a mask makes them data-dependent.
+        # Valid keys per query (``fraction`` only): counted where a mask makes them
+        # data-dependent. A fixed ``k`` keeps every slot (``slots = min(k, S)``), so no
+        # per-row bookkeeping runs: each small operation is a parallel region of its own, which
+        # a busy CPU makes expensive.
         count_valid = self.fraction is not None and bias is not None
+        valid: Tensor | None = None
         if count_valid:
             valid = torch.zeros(batch, heads, rows, dtype=torch.int64, device=q.device)
-        else:
+        elif self.fraction is not None:
             valid = _valid_prefix(start, start + rows, length, size, causal, q.device)
             valid = valid.expand(batch, heads, rows)
-        q_scaled = q * scale  # (Lc, E) products instead of (Lc, chunk)
+        q_scaled = q if scale is None else q * scale  # (Lc, E) products, not (Lc, chunk)
         if selection is not None:
             selection.restart(batch * heads * rows)
         for lo in range(0, end, chunk):
@@ -967,7 +1115,7 @@ class TopK(_GatheredStructure):
                 cols = torch.arange(lo, hi, device=q.device).view(1, hi - lo)
                 scores.masked_fill_(cols > query + (size - length), -math.inf)
             scores = scores.expand(batch, heads, rows, hi - lo)
-            if count_valid:
+            if valid is not None and count_valid:
                 valid += torch.isfinite(scores).sum(-1)
             if selection is not None:
                 selection.push(scores, offset=lo)
@@ -977,9 +1125,11 @@ class TopK(_GatheredStructure):
             found = selection.result()
             best_scores, best_idx = (t.view(batch, heads, rows, upper) for t in found)
         assert best_idx is not None and best_scores is not None
+        if valid is None:
+            return best_idx, None, best_scores
         kept = support_size(valid, self.k, self.fraction)
         slots = best_idx.shape[-1]
-        if self.fraction is not None and bool((kept < slots).any()):
+        if bool((kept < slots).any()):
             # Rows keep different numbers of keys: order the candidates, keep a prefix per row.
             best_scores, order = best_scores.sort(dim=-1, descending=True)
             best_idx = best_idx.gather(-1, order)
@@ -1205,6 +1355,10 @@ class RandomMask(_GatheredStructure):
             are drawn uniformly from the rest.
         eval_sampling: the evaluation-mode behaviour, see above.
         max_block_elements: budget of gathered elements per query block.
+        dense_until: with gradients, up to this many keys (and an ``L × S`` mask within
+            ``max_block_elements``: the subsets are drawn in one block) the sampled subsets become a mask of the dense fused
+            kernel (:func:`dense_with_support`): the same association, cheaper at small sizes;
+            ``None``: never.
     """
 
     def __init__(
@@ -1217,9 +1371,11 @@ class RandomMask(_GatheredStructure):
         force: Tensor | None = None,
         eval_sampling: EvalSampling = "fixed",
         max_block_elements: int = 1 << 23,
+        dense_until: int | None = RANDOM_MASK_DENSE_UNTIL,
     ) -> None:
         super().__init__()
         self.k, self.fraction = _check_count(k, fraction)
+        self.dense_until = _check_dense_until(dense_until)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -1304,10 +1460,14 @@ class RandomMask(_GatheredStructure):
         upper = upper_count(self.k, self.fraction, size)
         self._call_generator = self._generator_for(q.device)
         try:
+            if self._dense_fits(q, k, v, scale):
+                return self._masked_kernel(
+                    q, k, v, separation, scale, mask, causal, dropout, return_weights
+                )
             if _masked_kernel_applies(
                 q, k, v, separation, scale, mask, dropout, return_weights, upper
             ):
-                return self._masked_kernel(q, k, v, separation, scale, mask, causal), None
+                return self._masked_kernel(q, k, v, separation, scale, mask, causal)
             if _recompute_applies(q, k, v, separation, scale, mask, dropout, return_weights):
                 # Gradients: store the sampled indices only, recompute the scores in backward.
                 return self._recomputed(q, k, v, separation, scale, mask, causal), None
@@ -1338,11 +1498,13 @@ class RandomMask(_GatheredStructure):
         scale: Scale,
         mask: Tensor | None,
         causal: bool,
-    ) -> Tensor:
-        """The association ``(B, H, L, Ev)`` as the fused dense kernel with an additive mask of
-        the sampled subsets (:class:`~hopfield.functional.structures.Dense`), for sizes where the
-        ``L × S`` mask costs less than gathering ``k`` keys and values per query. The subsets
-        are drawn by the same sampler, per block of queries whose support search holds at most
+        dropout: float = 0.0,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The association as the fused dense kernel with an additive mask of the sampled
+        subsets (:func:`dense_with_support`), for sizes where the ``L × S`` mask costs less
+        than gathering ``k`` keys and values per query. The subsets are drawn by the same
+        sampler, per block of queries whose support search holds at most
         ``max_block_elements`` entries (the gathered path's blocks also budget its gathered
         keys, so with several blocks the two paths may see different random subsets); given the
         subsets, both give the same weights up to rounding."""
@@ -1351,33 +1513,23 @@ class RandomMask(_GatheredStructure):
         bias = additive_bias(mask, q.dtype)
         block = self._block_length(batch * heads, size, length)
         with torch.no_grad():
-            # The kernel's additive mask, built directly: 0 on the subsets, -inf elsewhere.
-            kernel_mask = torch.full(
+            kernel_bias = torch.full(
                 (batch, heads, length, size), -math.inf, dtype=q.dtype, device=q.device
             )
-            zero = torch.zeros((), dtype=q.dtype, device=q.device)
             pieces = self._support_blocks(q, k, scale=scale, bias=bias, causal=causal, block=block)
             for piece in pieces:
-                rows = kernel_mask[:, :, piece.start : piece.stop]
-                if piece.keep is None:
-                    rows.scatter_(-1, piece.idx, 0.0)
-                else:  # unused slots repeat some index: the largest value wins, not the last write
-                    flags = torch.where(piece.keep, zero, torch.full_like(zero, -math.inf))
-                    rows.scatter_reduce_(-1, piece.idx, flags, reduce="amax")
-            # The subsets lie among the allowed keys; a float mask still adds its finite values.
-            if mask is not None and mask.dtype != torch.bool:
-                kernel_mask += mask.to(q.dtype)
-        return Dense()(
+                support_bias(piece.idx, piece.keep, kernel_bias[:, :, piece.start : piece.stop])
+        return dense_with_support(
             q,
             k,
             v,
+            kernel_bias,
             separation=separation,
             scale=scale,
-            mask=kernel_mask,
-            causal=False,
-            dropout=0.0,
-            return_weights=False,
-        )[0]
+            mask=mask,
+            dropout=dropout,
+            return_weights=return_weights,
+        )
 
     def _forced(
         self, batch: int, heads: int, start: int, stop: int, length: int, device: torch.device

@@ -382,8 +382,16 @@ def _run(name: str, dtype: torch.dtype | None, *arguments: object) -> None:
         raise MemoryError(f"the native kernel {name} could not allocate its scratch memory")
 
 
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
+# Element operations a thread should get before a kernel splits its rows: smaller calls run on
+# the calling thread alone and enter no parallel region (each region waits for every thread it
+# starts, which on a busy CPU means waiting for a core; PyTorch's own grain is 32768).
+_GRAIN = 1 << 15
+
+
+def _threads(work: int) -> int:
+    """Threads for a call of about ``work`` element operations: :func:`torch.get_num_threads`,
+    fewer so that each has at least :data:`_GRAIN` of them, at least 1."""
+    return max(1, min(torch.get_num_threads(), work // _GRAIN))
 
 
 def _cpu_tensor(name: str, value: object, least_dims: int = 0) -> Tensor:
@@ -524,7 +532,7 @@ class RunningTopK:
             self._threshold.data_ptr(),
             self._mode.data_ptr(),
             self.k,
-            _threads(),
+            _threads(self.rows * width),
         )
         self.columns_seen = max(self.columns_seen, start + width)
 
@@ -548,7 +556,7 @@ class RunningTopK:
             self.k,
             values.data_ptr(),
             columns.data_ptr(),
-            _threads(),
+            _threads(self.rows * 4 * self.k),
         )
         return values, columns
 
@@ -577,7 +585,7 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         k,
         values.data_ptr(),
         columns.data_ptr(),
-        _threads(),
+        _threads(rows.shape[0] * width),
     )
     return values.view(*x.shape[:-1], k), columns.view(*x.shape[:-1], k)
 
@@ -606,7 +614,7 @@ def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
         slots,
         dim,
         out.data_ptr(),
-        _threads(),
+        _threads(rows.shape[0] * slots * dim),
     )
     return out.view(*idx.shape)
 
@@ -645,7 +653,7 @@ def scatter_outer(dst: Tensor, idx: Tensor, w: Tensor, src: Tensor) -> Tensor:
         dim,
         dst.data_ptr(),
         dst.shape[0],
-        _threads(),
+        _threads(rows.shape[0] * slots * dim),
     )
     return dst
 
@@ -672,7 +680,7 @@ def rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, T
         eps,
         y.data_ptr(),
         inv.data_ptr(),
-        _threads(),
+        _threads(rows.numel()),
     )
     return y.view(x.shape), inv.view(x.shape[:-1])
 
@@ -705,7 +713,7 @@ def rms_backward(
         width,
         dx.data_ptr(),
         None if dw is None else dw.data_ptr(),
-        _threads(),
+        _threads(rows.numel()),
     )
     return dx.view(x.shape), dw
 
@@ -729,7 +737,8 @@ def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
     if not rand.is_floating_point():
         raise TypeError(f"rand must hold floating-point uniforms, got {rand.dtype}")
     uniforms = rand.to(torch.float64).contiguous()
-    if not bool(((uniforms >= 0) & (uniforms <= 1)).all()):
+    low, high = torch.aminmax(uniforms) if uniforms.numel() else (0.0, 0.0)
+    if not (low >= 0 and high <= 1):  # one pass (NaN fails both)
         raise ValueError("rand must hold uniforms in [0, 1] (no NaN)")
     out = torch.empty(rows, slots, dtype=torch.int64)
     _run(
@@ -742,6 +751,6 @@ def floyd_sample(count: Tensor, n: Tensor, slots: int, rand: Tensor) -> Tensor:
         slots,
         int(n.max()) if rows else 0,
         out.data_ptr(),
-        _threads(),
+        _threads(rows * slots),
     )
     return out

@@ -27,21 +27,36 @@
 /* Work on the rows [lo, hi); returns 0 or HOP_NO_MEMORY. */
 typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
 
+/* Ranges of rows per thread that parallel_for hands out (SCAN_ALL: one, for kernels whose every
+ * range scans all the input, as hop_scatter_outer's). */
+#define PIECES 8
+#define SCAN_ALL 1
+
 #ifdef _OPENMP
 #include <omp.h>
 
-/* Run fn over [0, n) in `threads` contiguous ranges on the OpenMP runtime PyTorch has loaded
+/* Run fn over [0, n) on up to `threads` threads of the OpenMP runtime PyTorch has loaded
  * (libgomp.so.1 is already in the process, so this library shares its thread pool: no second
- * set of threads competes with PyTorch's spinning workers). */
-static int parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+ * set of threads competes with PyTorch's spinning workers). The rows are cut into `per_thread`
+ * contiguous ranges per thread, which the threads claim in turn: on a busy CPU a thread that
+ * gets its core late finds the work done by the others instead of holding the call up for a
+ * fixed share of it. */
+static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per_thread) {
     if (threads > n) threads = (int)n;
     if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
+    int64_t pieces = (int64_t)threads * per_thread, next = 0;
+    if (pieces > n) pieces = n;
     int status = 0;
 #pragma omp parallel num_threads(threads)
     {
-        int64_t t = omp_get_thread_num(), used = omp_get_num_threads();
-        int64_t lo = n * t / used, hi = n * (t + 1) / used;
-        int failed = lo < hi ? fn(args, lo, hi) : 0;
+        int failed = 0;
+        for (;;) {
+            int64_t piece;
+#pragma omp atomic capture
+            piece = next++;
+            if (piece >= pieces) break;
+            failed |= fn(args, n * piece / pieces, n * (piece + 1) / pieces);
+        }
 #pragma omp atomic
         status |= failed;
     }
@@ -61,8 +76,9 @@ static void *run_job(void *p) {
     return NULL;
 }
 
-/* Without OpenMP: the same split over POSIX threads (the calling thread takes the first). */
-static int parallel_for(range_fn fn, void *args, int64_t n, int threads) {
+/* Without OpenMP: one contiguous range per POSIX thread (the calling thread takes the first). */
+static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per_thread) {
+    (void)per_thread;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > n) threads = (int)n;
     if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
@@ -129,7 +145,7 @@ static int floyd_range(void *p, int64_t lo, int64_t hi) {
 int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_t rows,
               int64_t slots, int64_t width, int64_t *out, int threads) {
     floyd_args a = {rand, count, n, slots, width, out};
-    return parallel_for(floyd_range, &a, rows, threads);
+    return parallel_for(floyd_range, &a, rows, threads, PIECES);
 }
 
 /* Capacity of a row's buffer and the modes of its running selection (see state_f32). */
@@ -305,7 +321,7 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
                                 int64_t offset, T *vals, int64_t *cols, int64_t *count, T *threshold,\
                                 int32_t *mode, int64_t k, int threads) {                          \
         push_args_##SUFFIX a = {x, width, stride, offset, {vals, cols, count, threshold, mode, k}};\
-        return parallel_for(push_range_##SUFFIX, &a, rows, threads);                              \
+        return parallel_for(push_range_##SUFFIX, &a, rows, threads, PIECES);                      \
     }                                                                                             \
                                                                                                   \
     typedef struct {                                                                              \
@@ -329,7 +345,7 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
     int hop_topk_finish_##SUFFIX(int64_t rows, T *vals, int64_t *cols, int64_t *count, int64_t k, \
                                   T *out_vals, int64_t *out_cols, int threads) {                  \
         finish_args_##SUFFIX a = {{vals, cols, count, NULL, NULL, k}, out_vals, out_cols};        \
-        return parallel_for(finish_range_##SUFFIX, &a, rows, threads);                            \
+        return parallel_for(finish_range_##SUFFIX, &a, rows, threads, PIECES);                    \
     }                                                                                             \
                                                                                                   \
     /* One chunk holding the whole rows: a push and a finish per row, on one buffer per thread (no\
@@ -370,7 +386,7 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
     int hop_topk_##SUFFIX(const T *x, int64_t rows, int64_t width, int64_t stride, int64_t k,     \
                            T *out_vals, int64_t *out_cols, int threads) {                         \
         topk_args_##SUFFIX a = {x, width, stride, k, out_vals, out_cols};                         \
-        return parallel_for(topk_range_##SUFFIX, &a, rows, threads);                              \
+        return parallel_for(topk_range_##SUFFIX, &a, rows, threads, PIECES);                      \
     }                                                                                             \
                                                                                                   \
     static inline T dot_##SUFFIX(const T *a, const T *b, int64_t n) {                             \
@@ -406,7 +422,7 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
     int hop_gather_dot_##SUFFIX(const T *a, const T *table, const int64_t *idx, int64_t rows,     \
                                  int64_t slots, int64_t dim, T *out, int threads) {               \
         gather_dot_args_##SUFFIX g = {a, table, idx, slots, dim, out};                            \
-        return parallel_for(gather_dot_range_##SUFFIX, &g, rows, threads);                        \
+        return parallel_for(gather_dot_range_##SUFFIX, &g, rows, threads, PIECES);                \
     }                                                                                             \
                                                                                                   \
     typedef struct {                                                                              \
@@ -439,7 +455,7 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
                                     int64_t slots, int64_t dim, T *dst, int64_t targets,          \
                                     int threads) {                                                \
         scatter_args_##SUFFIX s = {w, src, idx, rows, slots, dim, targets, dst};                  \
-        return parallel_for(scatter_range_##SUFFIX, &s, targets, threads);                        \
+        return parallel_for(scatter_range_##SUFFIX, &s, targets, threads, SCAN_ALL);              \
     }                                                                                             \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
@@ -509,14 +525,14 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
     int hop_rms_forward_##SUFFIX(const T *x, const T *w, int64_t rows, int64_t n, T eps, T *y,    \
                                   T *inv, int threads) {                                          \
         rms_args_##SUFFIX a = {x, w, NULL, y, inv, NULL, NULL, rows, n, eps};                     \
-        return parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads);                       \
+        return parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads, PIECES);               \
     }                                                                                             \
                                                                                                   \
     int hop_rms_backward_##SUFFIX(const T *dy, const T *x, const T *w, const T *inv, int64_t rows,\
                                    int64_t n, T *dx, T *dw, int threads) {                        \
         rms_args_##SUFFIX a = {x, w, dy, NULL, (T *)inv, dx, dw, rows, n, 0};                     \
-        return parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads) |                     \
-               (dw ? parallel_for(rms_weight_range_##SUFFIX, &a, n, threads) : 0);                \
+        return parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads, PIECES) |             \
+               (dw ? parallel_for(rms_weight_range_##SUFFIX, &a, n, threads, PIECES) : 0);        \
     }                                                                                             \
 
 

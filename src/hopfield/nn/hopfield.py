@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield._validation import (
@@ -331,6 +332,8 @@ class Hopfield(nn.Module):
     def _input_dtype(self) -> torch.dtype | None:
         """The dtype inputs must have (that of the projections, input norms or gate; ``None`` for
         a static layer without them); any floating dtype under autocast."""
+        if isinstance(self.q_proj, nn.Linear):  # the common case, without walking parameters
+            return self.q_proj.weight.dtype
         return parameter_dtype(self.q_proj, self.norm_stored, self.norm_q, self.gate)
 
     def _heads(self, x: Tensor, size: int) -> Tensor:
@@ -351,6 +354,13 @@ class Hopfield(nn.Module):
             )
         if self.q_proj is None or self.k_proj is None or self.v_proj is None:
             q, k, v = state, stored, projection
+        elif (
+            stored is state
+            and state is projection
+            and not self.tie_values_to_keys
+            and all(isinstance(p, nn.Linear) for p in (self.q_proj, self.k_proj, self.v_proj))
+        ):
+            q, k, v = self._packed_projections(state)
         else:
             q, k = self.q_proj(state), self.k_proj(stored)
             v = self.v_proj(k if self.tie_values_to_keys else projection)
@@ -362,6 +372,49 @@ class Hopfield(nn.Module):
         if self.norm_q is not None and self.norm_k is not None:
             q, k = self.norm_q(q), self.norm_k(k)
         return q, k, v
+
+    def _packed_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value projections of one input ``x (B, N, ·)`` (self-association).
+
+        Without gradients to the projections they run as one matrix product with the three
+        weights stacked; the stacked weights are kept between calls and rebuilt when a weight
+        or bias changes (its storage or version), so the per-call cost is that of one
+        ``nn.Linear``. With gradients (training) or under tracing: three ``nn.Linear`` calls.
+        """
+        q_proj, k_proj, v_proj = self.q_proj, self.k_proj, self.v_proj
+        assert q_proj is not None and k_proj is not None and v_proj is not None
+        layers = (q_proj, k_proj, v_proj)
+        tensors = [t for p in layers for t in (p.weight, p.bias) if t is not None]
+        if (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        ) or torch.jit.is_tracing():
+            return q_proj(x), k_proj(x), v_proj(x)
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        cached = getattr(self, "_packed_cache", None)
+        if cached is None or cached[0] != key:
+            weight = torch.cat([p.weight for p in layers])
+            bias = None if q_proj.bias is None else torch.cat([p.bias for p in layers])
+            cached = (key, weight, bias)
+            self._packed_cache = cached
+        q, k, v = F.linear(x, cached[1], cached[2]).split([p.out_features for p in layers], -1)
+        return q, k, v
+
+    def _scale_argument(self) -> Tensor | float:
+        """``self.scale`` for :func:`associate`: a fixed scale that every head shares as its
+        float (read once per version of the buffer), which spares the per-call checks of a
+        tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, tracing)
+        the tensor."""
+        scale = self.scale
+        if scale.requires_grad or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return scale
+        key = (scale.data_ptr(), scale._version, scale.dtype, scale.device)
+        cached = getattr(self, "_scale_cache", None)
+        if cached is None or cached[0] != key:
+            values = scale.tolist()
+            shared = bool(values) and all(v == values[0] for v in values)
+            cached = (key, values[0] if shared else None)
+            self._scale_cache = cached
+        return scale if cached[1] is None else cached[1]
 
     def _iterate(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """``update_steps - 1`` retrieval steps in key space; each head stops at ``update_eps``."""
@@ -375,7 +428,7 @@ class Hopfield(nn.Module):
                 k,
                 separation=self.separation,
                 structure=self.structure,
-                scale=self.scale,
+                scale=self._scale_argument(),
                 mask=mask,
                 causal=causal,
             )
@@ -470,7 +523,7 @@ class Hopfield(nn.Module):
             v,
             separation=self.separation,
             structure=self.structure,
-            scale=self.scale,
+            scale=self._scale_argument(),
             mask=mask,
             causal=causal,
             dropout=self.dropout,

@@ -1,0 +1,77 @@
+"""benchmarks/bench_peers.py: the busy processes of ``--load``, the record of ``--out`` and the
+README section rendered from a record (issue 31)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _module() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # its sibling modules (_timing, bench_core, ...)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_peers", BENCHMARKS / "bench_peers.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+bench_peers = _module()
+
+
+def test_busy_processes_run_inside_and_are_reaped_after_an_error() -> None:
+    with pytest.raises(RuntimeError, match="inside"), bench_peers.busy_processes(2) as spinners:
+        assert len(spinners) == 2
+        assert all(spinner.poll() is None for spinner in spinners)  # spinning
+        raise RuntimeError("inside")
+    assert all(spinner.returncode is not None for spinner in spinners)  # killed and reaped
+    with pytest.raises(ValueError, match="load"), bench_peers.busy_processes(-1):
+        pass
+
+
+def _smoke_record(tmp_path: Path) -> Path:
+    """A record of one tiny measured row, written as ``--out`` writes it."""
+    row = bench_peers.ratio_row("tiny", lambda: sum(range(50)), lambda: sum(range(10)), 3,
+                                target=1.1, peer="a loop")  # fmt: skip
+    record = bench_peers.record_of([row], [], threads=2, load=1)
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_render_replaces_only_the_marked_readme_section(tmp_path: Path) -> None:
+    record = _smoke_record(tmp_path)
+    readme = tmp_path / "README.md"
+    before, after = "# Title\n\ntext before\n\n", "\n\ntext after\n"
+    readme.write_text(f"{before}{bench_peers.BEGIN}\nold table\n{bench_peers.END}{after}")
+    section = bench_peers.render_into(record, readme)
+    text = readme.read_text()
+    assert text == before + section + after
+    assert "old table" not in text
+    assert "| tiny | a loop |" in section and "≤ 1.1" in section
+    assert "2 threads" in section and "beside 1 busy processes" in section
+    assert bench_peers.render_into(record, None) == section  # printing changes nothing
+
+
+def test_render_refuses_a_readme_without_markers_and_a_foreign_record(tmp_path: Path) -> None:
+    record = _smoke_record(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("no section here\n")
+    with pytest.raises(ValueError, match="bench_peers:begin"):
+        bench_peers.render_into(record, readme)
+    assert readme.read_text() == "no section here\n"
+    foreign = tmp_path / "other.json"
+    foreign.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="'date'"):
+        bench_peers.render_into(foreign, None)
