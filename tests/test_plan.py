@@ -1,4 +1,4 @@
-"""``hopfield plan``: pricing presets on the meta device (hopfield.plan, hopfield.experiments.plans)."""
+"""``hopfield plan``: pricing presets on the meta device (hopfield.plan, hopfield.plan.jobs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from hopfield.cli import main
 from hopfield.experiments import registry
-from hopfield.experiments.plans import JOBS, NOT_TRAINED, jobs_of
 from hopfield.plan import (
     GPUS,
     GPUS_PER_NODE,
@@ -38,6 +37,7 @@ from hopfield.plan import (
     summary_table,
     write_plan_record,
 )
+from hopfield.plan.jobs import JOBS, NOT_TRAINED, jobs_of
 
 META = torch.device("meta")
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hopfield.cli import main
-from hopfield.experiments.prepare import prepare
+from hopfield.plan.prepare import prepare
 
 
 def test_the_study_builds_its_task_without_training(

@@ -20,7 +20,7 @@ def test_only_the_main_process_runs_a_single_process_experiment(tmp_path: Path) 
 
 
 def test_the_experiments_that_train_nothing_are_single_process() -> None:
-    from hopfield.experiments.plans import NOT_TRAINED
+    from hopfield.plan.jobs import NOT_TRAINED
 
     single = {e.name for e in all_experiments() if e.single_process}
     assert single == set(NOT_TRAINED)

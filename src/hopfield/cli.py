@@ -340,8 +340,8 @@ def _add_prepare_parser(sub: Any) -> None:
 
 
 def _prepare_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    from hopfield.experiments.prepare import prepare
     from hopfield.experiments.runner import check_data_dir
+    from hopfield.plan.prepare import prepare
 
     _check_preset(args.name, args.preset)
     check_data_dir(args.data_dir)

@@ -405,7 +405,12 @@ class Hopfield(nn.Module):
         tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, tracing)
         the tensor."""
         scale = self.scale
-        if scale.requires_grad or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        if (
+            scale.requires_grad
+            or scale.is_meta  # priced without data (hopfield.plan)
+            or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()
+        ):
             return scale
         key = (scale.data_ptr(), scale._version, scale.dtype, scale.device)
         cached = getattr(self, "_scale_cache", None)

@@ -1033,7 +1033,7 @@ def jobs_of(name: str, config: Any) -> list[TrainingJob]:
     """
     if name not in JOBS:
         raise ValueError(
-            f"no plan for experiment {name!r}: hopfield.experiments.plans.JOBS has "
+            f"no plan for experiment {name!r}: hopfield.plan.jobs.JOBS has "
             f"{', '.join(sorted(JOBS))}; NOT_TRAINED has {', '.join(sorted(NOT_TRAINED))}"
         )
     jobs = JOBS[name](config)

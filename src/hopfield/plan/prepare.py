@@ -82,7 +82,7 @@ def _prepare_study(config: Any, data_dir: Path | None) -> list[tuple[str, str]]:
 
 def _check_files(name: str, config: Any, data_dir: Path | None) -> list[tuple[str, str]]:
     """The states of the files the preset reads (:meth:`hopfield.plan.DataNeed.status`)."""
-    from hopfield.experiments.plans import NOT_TRAINED, jobs_of, untrained_data
+    from hopfield.plan.jobs import NOT_TRAINED, jobs_of, untrained_data
 
     if name in NOT_TRAINED:
         needs = untrained_data(name, config)

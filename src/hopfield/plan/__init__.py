@@ -1,6 +1,6 @@
 """Price a preset without training it: parameters, FLOPs, memory and GPU-hours per training job.
 
-``plan("outliers-bert", "paper")`` asks :mod:`hopfield.experiments.plans` for the preset's
+``plan("outliers-bert", "paper")`` asks :mod:`hopfield.plan.jobs` for the preset's
 :class:`TrainingJob` objects (one per model architecture and training recipe the preset trains),
 builds every model on PyTorch's **meta device** (shapes only, no memory, no data) with the
 experiment's own builders, runs one forward and backward pass of a meta micro-batch and reports:
@@ -862,8 +862,8 @@ def plan(
     Raises:
         ValueError: an unknown experiment or preset, or ``mfu`` outside ``(0, 1]``.
     """
-    from hopfield.experiments.plans import NOT_TRAINED, jobs_of, untrained_data
     from hopfield.experiments.registry import get
+    from hopfield.plan.jobs import NOT_TRAINED, jobs_of, untrained_data
 
     mfu = _check_mfu(mfu)
     experiment = get(name)
