@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -52,98 +51,20 @@ from torch import Tensor
 
 from hopfield.experiments.registry import Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, with_threads
+from hopfield.experiments.theory_common import (
+    COLUMNS,
+    DTYPE,
+    Check,
+    Config,
+    grid,
+    separation_radius,
+    sphere,
+)
 from hopfield.functional import Separation, Softmax, SoftmaxN
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.energy import DenseEnergy, OutEffEnergy
 from hopfield.functional.structures import Structure
 from hopfield.memory import retrieve
-
-DTYPE = torch.float64
-
-
-@dataclass
-class Config:
-    """Grids of the theory checks (every field is a knob; see the module docstring).
-
-    Attributes:
-        trials: independent memory sets per grid point.
-        dynamics_dims, dynamics_sizes, dynamics_betas, dynamics_radii: grid of the OutEffHop
-            energy-descent and convergence checks (pattern size d, number of memories M, β, m).
-        max_steps: most updates when iterating to a fixed point.
-        lipschitz_pairs: random score pairs for Lemma C.6.
-        corollary_trials: random (x, Ξ) draws for Corollary 3.2.1 (per β).
-        capacity_dims, capacity_betas, capacity_radii, capacity_ps: Theorem 3.3 grid.
-        sparse_dim, sparse_sizes, sparse_betas, sparse_rhos: the nonparametric §12.2 A setting
-            (patterns on the sphere of radius √d, queries ``ξ_µ + δ`` with ``‖δ‖ = ρR``).
-        top_ks: the K values of Top-K (the memory size M is added: dense).
-        mask_fractions: kept fractions of the random masks.
-        separation_sizes, separation_betas, separation_angle_deg: Lemma 4.1 (well-separated
-            memories: orthonormal patterns plus one close pair at this angle, radius 1).
-        boundary_points: points sampled on the boundary of ``S_µ`` per memory.
-        prop_dims, prop_ks: the Proposition 4.1 grid (m=1, R=0.1, β=50, p=0.01 as the spec).
-        convergence_betas, convergence_ks: Corollary 4.1.3 (iterate from ``x_0 ∈ S_µ``).
-        svr_dim, svr_sizes, svr_betas, svr_trials: the SVR rows (nonparametric §3,
-            :mod:`~hopfield.experiments.theory_svr`): pattern size, memory sizes M, β and memory
-            sets per grid point.
-        svr_rho: contamination and query distance ``‖δξ_µ‖ = ‖δ‖ = ρR``.
-        svr_retrieval: the retrieval error ``ϵ = svr_retrieval · R`` of Definition 3.2.
-        generalization_sizes, generalization_trials, generalization_steps: OutEffHop Theorem
-            3.4 (:mod:`~hopfield.experiments.theory_generalization`): training-set sizes N,
-            teachers per N and full-batch training steps.
-        int8_sizes, int8_outliers: OutEffHop §4.1 (:mod:`~hopfield.experiments.theory_outliers`):
-            entries of the Gaussian tensors quantized per tensor, and the outlier magnitudes in
-            units of the tensor's largest ``|x|`` (``trials`` tensors per pair).
-        hyperset_tokens, hyperset_trials: the Hyper-SET rows
-            (:mod:`~hopfield.experiments.theory_hyperset`): token counts N (from
-            ``FUSED_MIN_TOKENS`` on, the bi-softmax takes its fused path) and draws per N.
-        figure: draw the Top-K and capacity figure.
-        threads: torch CPU threads during the run (1 avoids thread-pool overhead on these
-            many small products; restored afterwards).
-    """
-
-    trials: int = 16
-    dynamics_dims: tuple[int, ...] = (8, 16, 64)
-    dynamics_sizes: tuple[int, ...] = (4, 50, 1000)
-    dynamics_betas: tuple[float, ...] = (0.1, 1.0, 8.0)
-    dynamics_radii: tuple[float, ...] = (0.5, 1.0, 3.0)
-    max_steps: int = 2000
-    lipschitz_pairs: int = 10_000
-    corollary_trials: int = 2000
-    capacity_dims: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
-    capacity_betas: tuple[float, ...] = (0.1, 1.0, 10.0)
-    capacity_radii: tuple[float, ...] = (0.5, 1.0, 2.0)
-    capacity_ps: tuple[float, ...] = (0.01, 0.05, 0.1)
-    sparse_dim: int = 64
-    sparse_sizes: tuple[int, ...] = (50, 100, 200)
-    sparse_betas: tuple[float, ...] = (0.05, 0.1, 0.2)
-    sparse_rhos: tuple[float, ...] = (0.25, 0.5, 0.9)
-    top_ks: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
-    mask_fractions: tuple[float, ...] = (0.2, 0.5, 0.8)
-    separation_sizes: tuple[int, ...] = (10, 20)
-    separation_betas: tuple[float, ...] = (6.5, 8.0, 20.0)
-    separation_angle_deg: float = 20.0
-    boundary_points: int = 20
-    prop_dims: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
-    prop_ks: tuple[int, ...] = (2, 5, 10, 20, 50, 100)
-    convergence_betas: tuple[float, ...] = (0.1, 0.2)
-    convergence_ks: tuple[int, ...] = (2, 10, 20)
-    svr_dim: int = 64
-    svr_sizes: tuple[int, ...] = (20, 50, 100)
-    svr_betas: tuple[float, ...] = (0.05, 0.1, 0.2)
-    svr_trials: int = 4
-    svr_rho: float = 0.5
-    svr_retrieval: float = 0.25
-    generalization_sizes: tuple[int, ...] = (32, 128, 512)
-    generalization_trials: int = 3
-    generalization_steps: int = 300
-    int8_sizes: tuple[int, ...] = (256, 4096)
-    int8_outliers: tuple[float, ...] = (2.0, 10.0, 100.0)
-    hyperset_tokens: tuple[int, ...] = (8, 64, 520)
-    hyperset_trials: int = 4
-    figure: bool = True
-    threads: int = 1
-    seed: int = 0
-
 
 PRESETS = {
     "tiny": Config(
@@ -201,56 +122,9 @@ SPEC_CAPACITY = {
     (256, 100): (1.029, 0.6171),
 }
 
-COLUMNS = ["paper", "statement", "kind", "check", "trials", "violations", "worst margin", "status"]
-
-
-@dataclass
-class Check:
-    """One row of the pass/fail table."""
-
-    paper: str
-    statement: str
-    kind: str
-    check: str
-    trials: int
-    violations: int
-    margin: float
-
-    @property
-    def status(self) -> str:
-        if self.kind == "info":
-            return "info"
-        return "pass" if self.violations == 0 and self.trials > 0 else "fail"
-
-    def row(self) -> list[Any]:
-        return [
-            self.paper,
-            self.statement,
-            self.kind,
-            self.check,
-            self.trials,
-            self.violations,
-            self.margin,
-            self.status,
-        ]
-
-
 # ------------------------------------------------------------------------------------------------
 # Sampling helpers
 # ------------------------------------------------------------------------------------------------
-
-
-def sphere(generator: torch.Generator, *shape: int, radius: float = 1.0) -> Tensor:
-    """Points uniform on the sphere of ``radius`` in ``R^d``: shape ``(*batch, d)``."""
-    g = torch.randn(*shape, generator=generator, dtype=DTYPE)
-    return radius * g / g.norm(dim=-1, keepdim=True)
-
-
-def separation_radius(memories: Tensor) -> Tensor:
-    """``R = ½ min_{µ≠ν} ‖ξ_µ - ξ_ν‖`` per memory set: ``(..., M, d) -> (...)``."""
-    distances = torch.cdist(memories, memories)
-    eye = torch.eye(memories.shape[-2], dtype=torch.bool)
-    return 0.5 * distances.masked_fill(eye, math.inf).amin(dim=(-1, -2))
 
 
 def memory_separation(memories: Tensor) -> Tensor:
@@ -270,13 +144,6 @@ def one_step(
     ).patterns
 
 
-def _grid(*axes: Sequence[Any]) -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = [()]
-    for axis in axes:
-        out = [(*prefix, value) for prefix in out for value in axis]
-    return out
-
-
 # ------------------------------------------------------------------------------------------------
 # OutEffHop
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +160,7 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
         rise_violations = stationary_violations = moving = 0
         slowest = 0.0
         # One batch per (d, M, β): the memory sets of every radius m run together.
-        for d, size, beta in _grid(
+        for d, size, beta in grid(
             config.dynamics_dims, config.dynamics_sizes, config.dynamics_betas
         ):
             memories = torch.cat(
@@ -362,7 +229,7 @@ def check_dynamics(config: Config, generator: torch.Generator) -> list[Check]:
 def check_gamma_identity(config: Config, generator: torch.Generator) -> Check:
     """``T_OutEff(x) = γ(x) · T_dense(x)`` with ``γ = S / (1 + S)`` (OutEffHop §1.6, spec A6)."""
     worst, trials = 0.0, 0
-    for d, size, beta in _grid(config.dynamics_dims, config.dynamics_sizes, config.dynamics_betas):
+    for d, size, beta in grid(config.dynamics_dims, config.dynamics_sizes, config.dynamics_betas):
         memories = torch.cat(
             [sphere(generator, config.trials, size, d, radius=m) for m in config.dynamics_radii]
         )
@@ -443,7 +310,7 @@ def check_corollary_321(config: Config, generator: torch.Generator) -> list[Chec
     T_dense(x)``; the printed condition takes ``‖v1‖ = 1``, but a blend of memories is shorter)."""
     exact_violations = printed_violations = total = 0
     exact_margin = printed_margin = math.inf
-    for beta, size in _grid((0.1, 1.0, 4.0, 16.0), (5, 50, 500)):
+    for beta, size in grid((0.1, 1.0, 4.0, 16.0), (5, 50, 500)):
         count = max(1, config.corollary_trials // 4)
         d = 16
         memories = sphere(generator, count, size, d)
@@ -528,13 +395,13 @@ def _theorem_32_trials(config: Config, generator: torch.Generator) -> list[dict[
     memories, from the shared ``generator``), a tight grid (2 to 5 memories, β up to 32, the
     query at a memory or near it; its own generator) and :func:`theorem_32_counterexample`."""
     trials = []
-    for beta, radius in _grid((0.5, 2.0, 8.0), (0.5, 1.0, 2.0)):
+    for beta, radius in grid((0.5, 2.0, 8.0), (0.5, 1.0, 2.0)):
         memories = sphere(generator, config.trials * 4, 20, 16, radius=radius)
         r = separation_radius(memories)
         x = memories[:, :1] + (0.5 * r)[:, None, None] * sphere(generator, config.trials * 4, 1, 16)
         trials.append(theorem_32_terms(memories, x, beta))
     tight = torch.Generator().manual_seed(config.seed + _THEOREM_32_TIGHT_SEED)
-    for beta, size, offset in _grid((2.0, 8.0, 32.0), (2, 3, 5), (0.0, 0.1)):
+    for beta, size, offset in grid((2.0, 8.0, 32.0), (2, 3, 5), (0.0, 0.1)):
         memories = sphere(tight, config.trials, size, 4)
         x = memories[:, :1] + offset * sphere(tight, config.trials, 1, 4)
         trials.append(theorem_32_terms(memories, x, beta))
@@ -614,7 +481,7 @@ def check_theorem_33(config: Config) -> list[Check]:
     violations = trials = ties = 0
     margin = math.inf
     shrink_violations = shrink_trials = 0
-    for d, beta, m, p in _grid(
+    for d, beta, m, p in grid(
         config.capacity_dims, config.capacity_betas, config.capacity_radii, config.capacity_ps
     ):
         r = 0.1 * m
@@ -629,7 +496,7 @@ def check_theorem_33(config: Config) -> list[Check]:
         ties += int(gain == 0)
         violations += int(gain < 0)
         margin = min(margin, gain)
-    for beta, m in _grid(config.capacity_betas, config.capacity_radii):
+    for beta, m in grid(config.capacity_betas, config.capacity_radii):
         deltas = [math.log1p(math.exp(-beta * s * s)) / beta for s in (m, 2 * m, 4 * m)]
         shrink_trials += 1
         shrink_violations += int(not (deltas[0] > deltas[1] > deltas[2] >= 0))
@@ -682,7 +549,7 @@ def sparse_trials(config: Config, generator: torch.Generator) -> list[SparseTria
     d = config.sparse_dim
     m = math.sqrt(d)
     out = []
-    for size, beta, rho in _grid(config.sparse_sizes, config.sparse_betas, config.sparse_rhos):
+    for size, beta, rho in grid(config.sparse_sizes, config.sparse_betas, config.sparse_rhos):
         t = config.trials * 8
         memories = sphere(generator, t, size, d, radius=m)
         r = separation_radius(memories)
@@ -790,7 +657,7 @@ def _one_step_well_separated(config: Config, tally: BoundTally) -> None:
     generator = torch.Generator().manual_seed(config.seed + ONE_STEP_SEED)
     d = max(config.sparse_dim, max(config.separation_sizes) + 2)
     angle = math.radians(config.separation_angle_deg)
-    for size, beta in _grid(config.separation_sizes, config.separation_betas):
+    for size, beta in grid(config.separation_sizes, config.separation_betas):
         target = torch.arange(size).repeat_interleave(config.boundary_points)
         for _ in range(config.trials):
             memories = well_separated(generator, size, d, angle)
@@ -930,7 +797,7 @@ def check_well_separated(config: Config, generator: torch.Generator) -> list[Che
     order_count = order_violations = 0
     fixed_count = fixed_violations = 0
     fixed_margin = math.inf
-    for size, beta in _grid(config.separation_sizes, config.separation_betas):
+    for size, beta in grid(config.separation_sizes, config.separation_betas):
         ks = sorted({1, 2, 5, size} & set(range(1, size + 1)))
         thresholds = []
         for _ in range(config.trials):

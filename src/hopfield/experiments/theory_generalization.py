@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from hopfield.experiments.results import Table
-from hopfield.experiments.theory import DTYPE, Check, Config, sphere
+from hopfield.experiments.theory_common import DTYPE, Check, Config, sphere
 from hopfield.functional import SoftmaxN
 
 GENERALIZATION_SEED = 34  # offset of this check's generator (the other rows keep their draws)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hopfield.experiments.theory import DTYPE, Check, Config
+from hopfield.experiments.theory_common import DTYPE, Check, Config
 from hopfield.nn.hyperset import HyperSETEncoder, HyperSETLayer
 from hopfield.nn.hyperset_energy import (
     ATTENTION_KINDS,

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from hopfield.experiments.theory import DTYPE, Check, Config
+from hopfield.experiments.theory_common import DTYPE, Check, Config
 from hopfield.functional import Softmax, SoftmaxN
 from hopfield.outliers.quantize import fake_quantize_asymmetric, fake_quantize_weight
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from hopfield.experiments.results import Table
-from hopfield.experiments.theory import Check, Config, _grid, separation_radius, sphere
+from hopfield.experiments.theory_common import Check, Config, grid, separation_radius, sphere
 from hopfield.functional import associate
 from hopfield.functional.efficient import TopK
 from hopfield.functional.svr import (
@@ -161,7 +161,7 @@ def check_lemma_31(config: Config, generator: torch.Generator) -> list[Check]:
     d = config.svr_dim
     worst, trials = 0.0, 0
     deviation: dict[tuple[int, float], list[float]] = {}
-    for size, beta in _grid(config.svr_sizes, config.svr_betas):
+    for size, beta in grid(config.svr_sizes, config.svr_betas):
         for _ in range(config.svr_trials):
             keys, values, radius = contaminated(generator, size, d, config.svr_rho)
             x = values + config.svr_rho * radius * sphere(generator, size, d)
@@ -210,7 +210,7 @@ def check_theorem_32(config: Config, generator: torch.Generator) -> Check:
     """Theorem 3.2: the masked construction is Top-K / masked softmax retrieval (``associate``)."""
     d = config.svr_dim
     worst, trials = 0.0, 0
-    for size, beta in _grid(config.svr_sizes, config.svr_betas):
+    for size, beta in grid(config.svr_sizes, config.svr_betas):
         keys, values, radius = contaminated(generator, size, d, config.svr_rho)
         x = values + config.svr_rho * radius * sphere(generator, size, d)
         for k in [k for k in config.top_ks if k < size]:
@@ -268,7 +268,7 @@ def check_retrieval(config: Config, generator: torch.Generator) -> tuple[list[Ch
     stored = stored_bad = fresh = fresh_bad = 0
     margin = math.inf
     rows = []
-    for size, beta in _grid(config.svr_sizes, config.svr_betas):
+    for size, beta in grid(config.svr_sizes, config.svr_betas):
         per_c: dict[str, list[list[float]]] = {"0.1": [], "∞": []}
         for _ in range(config.svr_trials):
             keys, values, radius = contaminated(generator, size, d, config.svr_rho)
