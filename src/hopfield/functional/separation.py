@@ -124,13 +124,9 @@ class Sink(Separation):
         else:
             value_ = _check_real("logit", logit)
             if learnable:
-                shape = () if heads is None else (heads,)
-                self.logit = nn.Parameter(torch.full(shape, value_, device=device, dtype=dtype))
-            else:
-                if heads is not None:
-                    raise ValueError(
-                        "heads needs learnable=True or a tensor logit of shape (heads,)"
-                    )
+                rows = () if heads is None else (heads,)
+                self.logit = nn.Parameter(torch.full(rows, value_, device=device, dtype=dtype))
+            else:  # one fixed logit for all heads (heads then counts the value sink's rows)
                 self.logit = value_
         self.value: Tensor | None
         if value is None or isinstance(value, Tensor):
@@ -140,8 +136,8 @@ class Sink(Separation):
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"value must be None, a positive int (Ev) or a Tensor, got {value!r}")
         else:
-            shape = (value,) if heads is None else (heads, value)
-            self.value = nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
+            size = (value,) if heads is None else (heads, value)
+            self.value = nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
 
     def _check_rows(self, name: str, tensor: Tensor, rank_ok: bool, dims: int = 1) -> None:
         """A tensor argument's rank, and its row count against ``heads``."""
@@ -183,7 +179,7 @@ class Sink(Separation):
         peak = (
             scores.detach().amax(dim=-1, keepdim=True)
             if scores.shape[-1] > 0
-            else torch.full_like(scores[..., :1], -math.inf)
+            else scores.new_full((*scores.shape[:-1], 1), -math.inf)
         )
         shift = torch.maximum(peak, sink.detach())
         # Only a -inf sink and a fully masked row give -inf; any finite shift gives zeros then.

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from hopfield._validation import check_bool, check_real
 from hopfield.functional.associate import _check_patterns, normalize_mask, normalize_scale
-from hopfield.functional.separation import Sink
+from hopfield.functional.separation import Sink, SoftmaxN
 from hopfield.functional.structures import (
     Scale,
     _flash_applies,
@@ -42,7 +42,17 @@ from hopfield.functional.structures import (
 Path = Literal["auto", "explicit", "sdpa", "lse", "flex"]
 PATHS = ("auto", "explicit", "sdpa", "lse", "flex")
 
-__all__ = ["PATHS", "flex_available", "flex_lse_is_natural", "sink_attention"]
+__all__ = ["PATHS", "TOLERANCES", "flex_available", "flex_lse_is_natural", "sink_attention"]
+
+#: Largest absolute error of every path's output against the float64 oracle on the same (rounded)
+#: inputs, for patterns of unit scale (the half dtypes' scores are computed in float32 by the
+#: explicit path, in the kernels' own accumulation elsewhere): tested in ``tests/test_sink.py``.
+TOLERANCES = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-5,
+    torch.float16: 4e-3,
+    torch.bfloat16: 3e-2,
+}
 
 
 def flex_available() -> bool:
@@ -127,6 +137,8 @@ def sink_attention(
     _check_patterns(q, k, v)
     if not isinstance(sink, Sink):
         raise TypeError(f"sink must be a hopfield.functional.Sink, got {type(sink).__name__}")
+    if isinstance(sink, SoftmaxN) and sink.n == 0:
+        raise ValueError("sink is Softmax(), which has no sink: use associate for it")
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     causal = check_bool("causal", causal)

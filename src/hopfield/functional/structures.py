@@ -167,11 +167,12 @@ def explicit_association(
         )
         return out.to(q.dtype), weights.to(q.dtype)
     scores = apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
-    if isinstance(separation, Sink | EntmaxSink) and separation.value is not None:  # S = 0: all v_s
-        weights, abstained = separation.split(scores)
-        dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    if isinstance(separation, Sink | EntmaxSink):
         value_sink = separation.value_sink(scores)
-        return torch.matmul(dropped, v) + abstained * value_sink, weights
+        if value_sink is not None:  # also for S = 0: all the mass is on the value sink then
+            weights, abstained = separation.split(scores)
+            dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+            return torch.matmul(dropped, v) + abstained * value_sink, weights
     weights = separation(scores)
     dropped = F.dropout(weights, dropout) if dropout > 0 else weights
     return torch.matmul(dropped, v), weights
