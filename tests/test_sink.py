@@ -301,3 +301,34 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
         sink_attention(q, k, v, Sparsemax())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no sink"):
         sink_attention(q, k, v, Softmax())
+
+
+def test_hf_interface_sinks_use_the_sink_paths() -> None:
+    """gpt-oss's s_aux through the AttentionInterface function: the fused path and the explicit
+    one (output_attentions) agree with the oracle in values and gradients, the sinks' included,
+    with grouped-query key/value heads and a padding mask."""
+    from torch import nn
+
+    from hopfield.integrations.attention import attention_forward
+
+    module = nn.Module()
+    q, k, v = patterns()
+    k, v = k[:, :2], v[:, :2]  # 2 key/value heads for H = 4 query heads
+    mask = random_mask()
+    upstream = torch.randn(B, L, H, E, dtype=torch.float64)
+    results = []
+    for asked in (False, True, None):
+        sinks = torch.linspace(-1.0, 1.0, H, dtype=torch.float64).requires_grad_()
+        qq = q.clone().requires_grad_()
+        if asked is None:
+            full_k, full_v = (t.repeat_interleave(2, 1) for t in (k, v))
+            out = oracle(qq, full_k, full_v, sinks, None, mask=mask).transpose(1, 2)
+        else:
+            out, _ = attention_forward(
+                "softmax1", module, qq, k, v, mask, s_aux=sinks, output_attentions=asked
+            )
+        (out * upstream).sum().backward()
+        results.append((out.detach(), qq.grad, sinks.grad))
+    for got in results[:2]:
+        for a, b in zip(got, results[2], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

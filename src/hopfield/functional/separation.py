@@ -260,7 +260,8 @@ class ClippedSoftmax(Separation):
     Args:
         gamma: lower stretch, ``gamma <= 0``.
         zeta: upper stretch, ``zeta >= 1``.
-        base: the map that is stretched, :class:`Softmax` (default) or :class:`SoftmaxN`.
+        base: the map that is stretched, :class:`Softmax` (default), :class:`SoftmaxN` or a
+            :class:`Sink`.
     """
 
     def __init__(
@@ -274,8 +275,10 @@ class ClippedSoftmax(Separation):
         if self.zeta < 1:
             raise ValueError(f"zeta must be >= 1, got {zeta}")
         base = Softmax() if base is None else base
-        if not isinstance(base, SoftmaxN):
-            raise TypeError(f"base must be Softmax() or SoftmaxN(...), got {type(base).__name__}")
+        if not isinstance(base, Sink):
+            raise TypeError(
+                f"base must be Softmax(), SoftmaxN(...) or Sink(...), got {type(base).__name__}"
+            )
         self.base = base
 
     @classmethod
