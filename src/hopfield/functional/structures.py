@@ -205,6 +205,12 @@ class Dense(Structure):
       are never masked; fully masked rows of a plain softmax get one zero key that only they
       can see, so they return zeros instead of NaN.
 
+    A :class:`~hopfield.functional.Sink` (a fixed or learned sink logit, a value sink) takes the
+    flash kernel's log-sum-exp on the CPU without dropout (``σ(lse - s) · O + σ(s - lse) · v_s``,
+    the sink's gradients from the same quantities) and elsewhere SDPA with one zero key whose
+    mask column is the sink logit and whose value is the value sink (see
+    :mod:`hopfield.functional.sink`); the explicit path while a graph is captured for export.
+
     Sparsemax and α-entmax with a fixed α (``Sparsemax()``, ``Entmax(alpha)``) run blockwise
     (:mod:`hopfield.functional.blockwise`: streamed key tiles, no ``L × S`` matrix, scores
     recomputed in the backward pass) when there is no dropout, no ``return_weights``, the mask
@@ -259,6 +265,7 @@ class Dense(Structure):
             not return_weights
             and isinstance(separation, Sink)
             and not isinstance(separation, SoftmaxN)
+            and not capturing_graph()  # ONNX's SDPA decomposition: a layout later views refuse
         ):
             if _flash_applies(q, v, mask, dropout):
                 return flash_sink(q, k, v, separation, scale, mask, causal), None
