@@ -293,6 +293,9 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
     with pytest.raises(ValueError, match="multiple"):
         Sink(0.0, learnable=True, heads=3)(torch.randn(1, 4, 2, 2))
     q, k, v = patterns()
+    for path in GRAD_PATHS:
+        with pytest.raises(ValueError, match="value sink has size 3"):
+            sink_attention(q, k, v, Sink(0.0, value=3), path=path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="path"):
         sink_attention(q, k, v, Sink(), path="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dropout"):

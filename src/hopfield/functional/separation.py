@@ -151,23 +151,32 @@ class Sink(Separation):
         if tensor.dim() == dims and self.heads is None:
             self.heads = tensor.shape[0]
 
-    def sink_logit(self, scores: Tensor) -> Tensor:
-        """The sink logit broadcastable to ``scores[..., :1]``, in the scores' dtype:
-        ``()`` or ``(H, 1, 1)``."""
+    def sink_logit(self, scores: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """The sink logit broadcastable to ``scores[..., :1]``, in ``dtype`` (default: the
+        scores'): ``()`` or ``(H, 1, 1)``."""
+        dtype = scores.dtype if dtype is None else dtype
         logit = self.logit
         if not isinstance(logit, Tensor):
-            return torch.tensor(logit, dtype=scores.dtype, device=scores.device)
-        logit = logit.to(scores.dtype)
+            return torch.tensor(logit, dtype=dtype, device=scores.device)
+        logit = logit.to(dtype)
         if logit.dim() == 0:
             return logit
         return _per_head(logit, scores, "sink logit").view(-1, 1, 1)
 
-    def value_sink(self, scores: Tensor) -> Tensor | None:
+    def value_sink(
+        self, scores: Tensor, width: int | None = None, dtype: torch.dtype | None = None
+    ) -> Tensor | None:
         """The value sink broadcastable to the output ``(B, H, L, Ev)``: ``(Ev,)`` or
-        ``(H, 1, Ev)``, in the scores' dtype; ``None`` when it is zero."""
+        ``(H, 1, Ev)``, in ``dtype`` (default: the scores'); ``None`` when it is zero. With
+        ``width``, a value sink of another size than ``Ev = width`` is refused."""
         if self.value is None:
             return None
-        value = self.value.to(scores.dtype)
+        if width is not None and self.value.shape[-1] != width:
+            raise ValueError(
+                f"the value sink has size {self.value.shape[-1]}, the values (B, H, S, Ev) have "
+                f"Ev = {width}: they must match"
+            )
+        value = self.value.to(scores.dtype if dtype is None else dtype)
         if value.dim() == 1:
             return value
         return _per_head(value, scores, "value sink").unsqueeze(-2)
@@ -728,9 +737,11 @@ class EntmaxSink(Entmax):
         """The value sink, as :attr:`Sink.value`."""
         return self.sink.value
 
-    def value_sink(self, scores: Tensor) -> Tensor | None:
+    def value_sink(
+        self, scores: Tensor, width: int | None = None, dtype: torch.dtype | None = None
+    ) -> Tensor | None:
         """As :meth:`Sink.value_sink`."""
-        return self.sink.value_sink(scores)
+        return self.sink.value_sink(scores, width, dtype)
 
     def split(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         """``(weights (..., S), sink weight (..., 1))`` of scores ``(..., S)``."""

@@ -96,7 +96,7 @@ def flex_sink(
     plus ``σ(s - lse) · v_s``); arguments as :meth:`~hopfield.functional.Dense.forward`."""
     batch, heads, length = q.shape[:3]
     size = k.shape[-2]
-    logit, value_sink = sink.sink_logit(q), sink.value_sink(q)
+    logit, value_sink = sink.sink_logit(q), sink.value_sink(q, v.shape[-1])
     if isinstance(scale, Tensor):
         q, scale = q * scale, 1.0
     if causal:

@@ -168,7 +168,7 @@ def explicit_association(
         return out.to(q.dtype), weights.to(q.dtype)
     scores = apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
     if isinstance(separation, Sink | EntmaxSink):
-        value_sink = separation.value_sink(scores)
+        value_sink = separation.value_sink(scores, v.shape[-1])
         if value_sink is not None:  # also for S = 0: all the mass is on the value sink then
             weights, abstained = separation.split(scores)
             dropped = F.dropout(weights, dropout) if dropout > 0 else weights
@@ -464,8 +464,9 @@ def flash_sink(
 ) -> Tensor:
     """:class:`Sink` attention ``(B, H, L, Ev)`` from the CPU flash kernel's log-sum-exp
     (``Ev = E``; no dropout); arguments as :meth:`Dense.forward`."""
-    logit = sink.sink_logit(q)  # () or (H, 1, 1)
-    value_sink = sink.value_sink(q)
+    work = torch.float32 if q.dtype in HALF_DTYPES else q.dtype  # as the kernel's lse
+    logit = sink.sink_logit(q, work)  # () or (H, 1, 1)
+    value_sink = sink.value_sink(q, v.shape[-1], work)
     q, scale, mask, is_causal = _flash_inputs(q, scale, mask, causal, k.shape[-2])
     sink_rows = logit if logit.dim() == 0 else logit.squeeze(-1)  # broadcastable to lse (B, H, L)
     out: Tensor = _FlashSink.apply(q, k, v, sink_rows, value_sink, mask, is_causal, scale)
@@ -488,8 +489,8 @@ def sdpa_sink(
     logit whatever the scale; arguments as :meth:`Dense.forward`."""
     batch, heads, length = q.shape[:3]
     size = k.shape[-2]
-    logit = sink.sink_logit(q).to(q.dtype)
-    value_sink = sink.value_sink(q)
+    logit = sink.sink_logit(q)
+    value_sink = sink.value_sink(q, v.shape[-1])
     if isinstance(scale, Tensor):
         q, scale = q * scale, 1.0
     if causal:
