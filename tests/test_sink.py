@@ -335,3 +335,34 @@ def test_hf_interface_sinks_use_the_sink_paths() -> None:
     for got in results[:2]:
         for a, b in zip(got, results[2], strict=True):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_a_learnable_sink_trains_inside_a_hopfield_layer() -> None:
+    from hopfield.nn import Hopfield
+
+    layer = Hopfield(16, 4, separation=Sink(0.0, learnable=True, heads=4, value=4))
+    assert {"separation.logit", "separation.value"} <= set(layer.state_dict())
+    layer(torch.randn(2, 5, 16)).square().sum().backward()
+    assert layer.separation.logit.grad is not None and bool(layer.separation.logit.grad.ne(0).all())
+    assert layer.separation.value.grad is not None and bool(layer.separation.value.grad.ne(0).any())
+
+
+def test_the_outlier_benchmarks_sink_logit_attention_is_this_separation() -> None:
+    """SinkLM's ``sink_logit`` map (kept as it is, so that the benchmark's results stay bit for
+    bit) is the learnable per-head Sink, to rounding."""
+    from hopfield.models.sink_lm import SinkAttention, SinkLMConfig
+
+    torch.manual_seed(0)
+    attention = SinkAttention(SinkLMConfig(20, 10, 8, 1, 2, 16, "sink_logit"))
+    with torch.no_grad():
+        attention.sink_logit.copy_(torch.tensor([0.5, -1.0]))
+    x = torch.randn(3, 6, 8)
+    capture: dict[str, Tensor] = {}
+    attention(x, capture)
+    q, k = attention._heads(attention.q_proj(x)), attention._heads(attention.k_proj(x))
+    scores = q @ k.transpose(-1, -2) * attention.head_size**-0.5
+    masked = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -math.inf)
+    sink = Sink(0.0, learnable=True, heads=2)
+    with torch.no_grad():
+        sink.logit.copy_(attention.sink_logit)
+    torch.testing.assert_close(sink(masked), capture["weights"], atol=1e-6, rtol=0)
