@@ -173,9 +173,16 @@ def test_half_precision_within_documented_tolerance_and_empty_rows_finite(
     assert out.dtype == dtype
     expected = oracle(q.detach(), k.detach(), v.detach(), *oracle_parameters(sink), mask, True)
     torch.testing.assert_close(out.double(), expected, atol=TOLERANCES[dtype], rtol=0)
-    out.float().square().sum().backward()
-    for tensor in (q.grad, k.grad, v.grad, sink.logit.grad, sink.value.grad):
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    (out.float() * upstream).sum().backward()
+    got = [q.grad, k.grad, v.grad, sink.logit.grad, sink.value.grad]
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v, sink.logit, sink.value)]
+    (oracle(*exact[:3], exact[3], exact[4], mask, True) * upstream.double()).sum().backward()
+    for tensor, want in zip(got, exact, strict=True):
         assert tensor is not None and bool(torch.isfinite(tensor).all())
+        assert want.grad is not None
+        error = (tensor.double() - want.grad).abs().max() / want.grad.abs().max().clamp_min(1.0)
+        assert float(error) <= TOLERANCES[dtype]  # relative to the largest gradient (or 1)
     # The fully masked row abstains entirely: its output is the value sink, exactly as rounded.
     torch.testing.assert_close(out[0, :, 1].float(), sink.value.detach().to(dtype).float())
 

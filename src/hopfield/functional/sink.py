@@ -45,8 +45,9 @@ PATHS = ("auto", "explicit", "sdpa", "lse", "flex")
 __all__ = ["PATHS", "TOLERANCES", "flex_available", "flex_lse_is_natural", "sink_attention"]
 
 #: Largest absolute error of every path's output against the float64 oracle on the same (rounded)
-#: inputs, for patterns of unit scale (the half dtypes' scores are computed in float32 by the
-#: explicit path, in the kernels' own accumulation elsewhere): tested in ``tests/test_sink.py``.
+#: inputs, for patterns of unit scale, and of its gradients relative to the largest gradient (or
+#: 1) (the half dtypes' scores are computed in float32 by the explicit path, in the kernels' own
+#: accumulation elsewhere): tested in ``tests/test_sink.py``.
 TOLERANCES = {
     torch.float64: 1e-12,
     torch.float32: 1e-5,
