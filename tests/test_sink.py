@@ -40,7 +40,7 @@ def oracle(
     """Float64 ``softmax([z, s]) @ [v; v_s]``; ``logit`` ``()`` or ``(H,)``, ``value`` ``(H, Ev)``."""
     q, k, v = q.double(), k.double(), v.double()
     z = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    allowed = torch.ones(z.shape[-2:], dtype=torch.bool)
+    allowed = torch.ones(z.shape[-2:], dtype=torch.bool, device=z.device)
     if causal:
         allowed = allowed.tril(z.shape[-1] - z.shape[-2])
     if mask is not None:
@@ -159,6 +159,32 @@ def test_flex_log_sum_exp_is_natural_on_cpu() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert flex_lse_is_natural("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_flex_path_values_and_gradients_on_the_gpu(compiled: bool) -> None:
+    """Where FlexAttention has a backward: values and gradients (the sink's included) against
+    the oracle, and the log-sum-exp convention of the eager and the compiled kernels."""
+    assert flex_lse_is_natural("cuda", compiled=compiled)
+    width = 16  # the compiled kernels want a head size of at least 16
+    sink = Sink(0.0, learnable=True, heads=H, value=width, device="cuda")
+    with torch.no_grad():
+        for parameter in sink.parameters():
+            parameter.normal_()
+    mask = random_mask().cuda()
+    q, k, v = (torch.randn(B, H, n, width, device="cuda").requires_grad_() for n in (L, S, S))
+    out = sink_attention(q, k, v, sink, path="flex", mask=mask, compile_flex=compiled)
+    upstream = torch.randn(out.shape, device="cuda")
+    (out * upstream).sum().backward()
+    got = [q.grad, k.grad, v.grad, sink.logit.grad, sink.value.grad]
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v, sink.logit, sink.value)]
+    expected = oracle(*exact[:3], exact[3], exact[4], mask)
+    (expected * upstream.double()).sum().backward()
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=0)
+    for tensor, want in zip(got, exact, strict=True):
+        assert tensor is not None and want.grad is not None
+        torch.testing.assert_close(tensor.double(), want.grad, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -21,7 +21,8 @@ sink ``v_s``) retrieves ``Σ_i p_i v_i + p_s v_s``. Each path computes it differ
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -65,12 +66,24 @@ def flex_available() -> bool:
     return True
 
 
-def _flex(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float
-) -> tuple[Tensor, Tensor]:
-    """FlexAttention's ``(output (B, H, L, Ev), natural log-sum-exp (B, H, L))``."""
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def _flex_kernel(compiled: bool) -> Callable[..., Any]:
+    """``flex_attention``, eager or compiled once per process (``torch.compile``)."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    if not compiled:
+        return flex_attention
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
+
+
+def _flex(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, compiled: bool = False
+) -> tuple[Tensor, Tensor]:
+    """FlexAttention's ``(output (B, H, L, Ev), log-sum-exp (B, H, L))``."""
     score_mod = None
     if bias is not None:
         table = bias
@@ -78,23 +91,34 @@ def _flex(
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return score + table[b, h, q_idx, kv_idx]
 
-    out, lse = flex_attention(q, k, v, score_mod=score_mod, scale=scale, return_lse=True)
+    out, lse = _flex_kernel(compiled)(q, k, v, score_mod=score_mod, scale=scale, return_lse=True)
     return out, lse
 
 
-def flex_lse_is_natural(device: torch.device | str = "cpu") -> bool:
-    """Whether FlexAttention's log-sum-exp on ``device`` is the natural one (not base 2): checked
-    on a row of two keys whose log-sum-exp is ``ln 2`` (``1`` in base 2)."""
-    q = torch.zeros(1, 1, 1, 16, device=device)
-    _, lse = _flex(q, q.new_zeros(1, 1, 2, 16), q.new_zeros(1, 1, 2, 16), None, 1.0)
+def flex_lse_is_natural(device: torch.device | str = "cpu", compiled: bool = False) -> bool:
+    """Whether FlexAttention's log-sum-exp on ``device`` (eager or ``compiled``) is the natural
+    one, not base 2: checked on a row of two keys whose log-sum-exp is ``ln 2`` (``1`` in base 2).
+    """
+    q = torch.zeros(1, 1, 16, 16, device=device)
+    zeros = q.new_zeros(1, 1, 2, 16)
+    _, lse = _flex(q, zeros, zeros, None, 1.0, compiled)
     return abs(float(lse.flatten()[0]) - math.log(2.0)) < 1e-3
 
 
 def flex_sink(
-    q: Tensor, k: Tensor, v: Tensor, sink: Sink, scale: Scale, mask: Tensor | None, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sink: Sink,
+    scale: Scale,
+    mask: Tensor | None,
+    causal: bool,
+    compiled: bool = False,
 ) -> Tensor:
     """:class:`Sink` attention from FlexAttention's output and log-sum-exp (``out · σ(lse - s)``
-    plus ``σ(s - lse) · v_s``); arguments as :meth:`~hopfield.functional.Dense.forward`."""
+    plus ``σ(s - lse) · v_s``); arguments as :meth:`~hopfield.functional.Dense.forward`,
+    ``compiled``: through ``torch.compile(flex_attention)`` (GPU; the CPU has no compiled
+    log-sum-exp in torch 2.13)."""
     batch, heads, length = q.shape[:3]
     size = k.shape[-2]
     logit, value_sink = sink.sink_logit(q), sink.value_sink(q, v.shape[-1])
@@ -106,7 +130,7 @@ def flex_sink(
     if mask is not None:
         zeros = q.new_zeros(batch, heads, length, size)
         bias = apply_mask(zeros, mask).expand(batch, heads, length, size)
-    out, lse = _flex(q, k, v, bias, scale)
+    out, lse = _flex(q, k, v, bias, scale, compiled)
     rows = logit if logit.dim() == 0 else logit.squeeze(-1)  # () or (H, 1), as lse (B, H, L)
     kept = torch.sigmoid(lse.to(rows.dtype) - rows).unsqueeze(-1)
     result = out * kept.to(out.dtype)
@@ -126,6 +150,7 @@ def sink_attention(
     mask: Tensor | None = None,
     causal: bool = False,
     dropout: float = 0.0,
+    compile_flex: bool = False,
 ) -> Tensor:
     """``Σ_i p_i v_i + p_s v_s`` for ``q (B, H, L, E)``, ``k (B, H, S, E)``, ``v (B, H, S, Ev)``
     on the chosen ``path`` (module docstring); arguments as
@@ -133,7 +158,8 @@ def sink_attention(
 
     ``"auto"`` is the path :func:`~hopfield.functional.associate` takes. ``"lse"`` needs the CPU,
     ``Ev = E``, no dropout and a mask without gradient; ``"flex"`` needs no dropout. A path that
-    cannot serve the inputs raises a ValueError naming what it needs.
+    cannot serve the inputs raises a ValueError naming what it needs. ``compile_flex`` runs the
+    ``"flex"`` path through ``torch.compile(flex_attention)``.
     """
     _check_patterns(q, k, v)
     if not isinstance(sink, Sink):
@@ -143,6 +169,7 @@ def sink_attention(
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     causal = check_bool("causal", causal)
+    compile_flex = check_bool("compile_flex", compile_flex)
     dropout = check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
     scale_, mask_ = normalize_scale(scale, q), normalize_mask(mask, q, k)
     if path == "auto":
@@ -168,4 +195,4 @@ def sink_attention(
         return flash_sink(q, k, v, sink, scale_, mask_, causal)
     if not flex_available():
         raise ValueError("path='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
-    return flex_sink(q, k, v, sink, scale_, mask_, causal)
+    return flex_sink(q, k, v, sink, scale_, mask_, causal, compile_flex)
