@@ -14,7 +14,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from hopfield.functional import EntmaxSink, Sink, Softmax, SoftmaxN, Sparsemax, associate
+from hopfield.functional import (
+    EntmaxSink,
+    Sink,
+    Softmax,
+    SoftmaxN,
+    Sparsemax,
+    TopK,
+    associate,
+)
 from hopfield.functional.energy import OutEffEnergy, SinkEnergy, energy_for, scores_of
 from hopfield.functional.sink import (
     TOLERANCES,
@@ -326,6 +334,8 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
     with pytest.raises(ValueError, match="multiple"):
         Sink(0.0, learnable=True, heads=3)(torch.randn(1, 4, 2, 2))
     q, k, v = patterns()
+    with pytest.raises(ValueError, match=r"value sink.*Dense.*TopK"):
+        associate(q, k, v, separation=Sink(0.0, value=E), structure=TopK(2))
     for path in GRAD_PATHS:
         with pytest.raises(ValueError, match="value sink has size 3"):
             sink_attention(q, k, v, Sink(0.0, value=3), path=path)  # type: ignore[arg-type]
