@@ -409,3 +409,11 @@ def test_the_outlier_benchmarks_sink_logit_attention_is_this_separation() -> Non
     with torch.no_grad():
         sink.logit.copy_(attention.sink_logit)
     torch.testing.assert_close(sink(masked), capture["weights"], atol=1e-6, rtol=0)
+
+
+def test_a_sink_on_top_k_with_every_key_is_the_dense_sink() -> None:
+    sink = sink_of("head")
+    q, k, v = patterns()
+    dense = associate(q, k, v, separation=sink, causal=True)
+    top = associate(q, k, v, separation=sink, structure=TopK(S), causal=True)
+    torch.testing.assert_close(top, dense, atol=1e-12, rtol=0)
