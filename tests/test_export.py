@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
-from hopfield.functional import SoftmaxN
+from hopfield.functional import Sink, SoftmaxN
 from hopfield.nn import Hopfield, HopfieldPooling, OutEffHop, OutEffHopLayer
 
 #: Two input shapes ``(B, N)`` that differ in batch and length.
@@ -29,6 +29,7 @@ def layer(name: str) -> nn.Module:
         "pooling": lambda: HopfieldPooling(SIZE, quantity=2, num_heads=4),
         "sink_n2": lambda: Hopfield(SIZE, 4, separation=SoftmaxN(2.0)),
         "sink_half": lambda: Hopfield(SIZE, 4, separation=SoftmaxN(0.5)),  # explicit path
+        "sink_learned": lambda: Hopfield(SIZE, 4, separation=Sink(0.3, learnable=True, heads=4)),
         "outeffhop_iterated": lambda: OutEffHop(SIZE, 4, update_steps=3, update_eps=0.0),
         "outeffhop_layer": lambda: OutEffHopLayer(SIZE, quantity=3, num_heads=4),
     }
@@ -41,6 +42,7 @@ LAYERS = (
     "pooling",
     "sink_n2",
     "sink_half",
+    "sink_learned",
     "outeffhop_iterated",
     "outeffhop_layer",
 )

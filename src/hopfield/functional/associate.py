@@ -143,6 +143,12 @@ def associate(
         raise TypeError(f"separation must be a Separation, got {type(separation).__name__}")
     if not isinstance(structure, Structure):
         raise TypeError(f"structure must be a Structure, got {type(structure).__name__}")
+    if getattr(separation, "value", None) is not None and not isinstance(structure, Dense):
+        # The sparse and kernel structures weight their own keys only: the sink's value is Dense's.
+        raise ValueError(
+            f"separation {type(separation).__name__} has a value sink, which only the Dense "
+            f"structure retrieves; got structure {type(structure).__name__}"
+        )
     dropout = check_real("dropout", dropout, low=0.0, high=1.0, high_open=True)
     causal = check_bool("causal", causal)
     dropout = dropout if check_bool("training", training) else 0.0

@@ -16,6 +16,7 @@ which never increases ``H``. ``∇Φ`` is the separation map of the model:
 energy                     potential ``Φ(z)``              ``∇Φ`` (separation)
 =========================  ==============================  ====================================
 :class:`DenseEnergy`       ``log Σ exp z_μ`` (lse)         softmax
+:class:`SinkEnergy`        ``log(e^s + Σ exp z_μ)``        :class:`Sink` (logit ``s``)
 :class:`OutEffEnergy`      ``log(n + Σ exp z_μ)`` (lse_n)  Softmax_n (OutEffHop: n = 1)
 :class:`TsallisEnergy`     ``max_p ⟨p, z⟩ - Ψ_α(p)``       α-entmax (α = 2: sparsemax)
 :class:`PolynomialEnergy`  ``‖max(z, 0)‖_{n+1}``           ``max(z, 0)^n / ‖max(z, 0)‖_{n+1}^n``
@@ -24,7 +25,9 @@ energy                     potential ``Φ(z)``              ``∇Φ`` (separatio
 ``Ψ_α(p) = (Σ p_μ^α - 1) / (α(α - 1))`` (``p`` on the simplex Δ) is the negative Tsallis entropy;
 its convex conjugate has the gradient α-entmax (Peters et al. 2019), and ``α = 2`` is the sparse
 modern Hopfield model of Hu et al. (2023) (Gini entropy, sparsemax). ``OutEffEnergy(n=1)`` adds
-the "no-op memory" Ω with ``⟨Ω, x⟩ = 0`` to the dense energy (OutEffHop, eq. 2.4).
+the "no-op memory" Ω with ``⟨Ω, x⟩ = 0`` to the dense energy (OutEffHop, eq. 2.4);
+:class:`SinkEnergy` generalises it to any fixed sink logit ``s`` (``s = log n``: the no-op memory
+scores ``s`` against every state, so its weight ``p_s`` is the mass the update abstains with).
 
 The polynomial energy is the Krotov–Hopfield interaction ``Σ_μ F(ξ_μᵀx)`` with the rectified power
 ``F(z) = max(z, 0)^{n+1}``, taken to the power ``1/(n+1)`` so that it is 1-homogeneous and balances
@@ -51,6 +54,7 @@ from hopfield.functional.separation import (
     Entmax,
     Polynomial,
     Separation,
+    Sink,
     Softmax,
     SoftmaxN,
     Sparsemax,
@@ -62,6 +66,7 @@ __all__ = [
     "Energy",
     "OutEffEnergy",
     "PolynomialEnergy",
+    "SinkEnergy",
     "TsallisEnergy",
     "energy_for",
     "scores_of",
@@ -133,11 +138,49 @@ class Energy(ABC):
         return x - self.update(x, memories, beta)
 
 
-class OutEffEnergy(Energy):
+class SinkEnergy(Energy):
+    """Energy with a sink: ``Φ(z) = log(exp(s) + Σ_μ exp z_μ)``, ``H = -β⁻¹Φ(βΞᵀx) + ½‖x‖²``.
+
+    The sink logit ``s`` is compared with the scaled scores ``βξ_μᵀx``, as in
+    :class:`~hopfield.functional.Sink` and :func:`~hopfield.functional.associate`. The update is
+    ``Ξ Sink_s(βΞᵀx) = σ(lse - s) · Ξ softmax(βΞᵀx)`` (``lse`` of the scores): the abstained mass
+    ``p_s = σ(s - lse)`` retrieves nothing (a zero value sink).
+
+    Args:
+        logit: the fixed sink logit ``s``, a finite float.
+    """
+
+    def __init__(self, logit: float = 0.0) -> None:
+        if isinstance(logit, bool) or not isinstance(logit, int | float):
+            raise TypeError(f"logit must be a real number, got {type(logit).__name__}")
+        if not math.isfinite(logit):
+            raise ValueError(f"logit must be finite, got {logit}")
+        self.logit = float(logit)
+
+    def potential(self, scores: Tensor) -> Tensor:
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.logaddexp(lse, torch.full_like(lse, self.logit))
+
+    def weights(self, scores: Tensor) -> Tensor:
+        return self.separation()(scores)
+
+    def separation(self) -> Separation:
+        return Sink(self.logit)
+
+    def no_op_mass(self, x: Tensor, memories: Tensor, beta: float = 1.0) -> Tensor:
+        """``p_s = exp(s) / (exp(s) + S)``: the weight on the sink, ``(..., L)``."""
+        return 1 - self.weights(scores_of(x, memories, beta)).sum(-1)
+
+    def __repr__(self) -> str:
+        return f"SinkEnergy(logit={self.logit:g})"
+
+
+class OutEffEnergy(SinkEnergy):
     """OutEffHop energy with ``lse_n(β, z) = β⁻¹ log(n + Σ_μ exp βz_μ)`` (``n`` no-op memories).
 
-    ``n = 1`` is OutEffHop's outlier-efficient energy (eq. 2.4), ``n = 0`` the dense energy. The
-    update is ``Ξ Softmax_n(βΞᵀx) = γ(x) · Ξ softmax(βΞᵀx)`` with ``γ = S / (n + S)``,
+    ``n = 1`` is OutEffHop's outlier-efficient energy (eq. 2.4), ``n = 0`` the dense energy; the
+    :class:`SinkEnergy` with ``s = log n``. The update is
+    ``Ξ Softmax_n(βΞᵀx) = γ(x) · Ξ softmax(βΞᵀx)`` with ``γ = S / (n + S)``,
     ``S = Σ_μ exp(βξ_μᵀx)``.
 
     Args:
@@ -150,6 +193,7 @@ class OutEffEnergy(Energy):
         if not (math.isfinite(n) and n >= 0):
             raise ValueError(f"n must be a finite number >= 0, got {n}")
         self.n = float(n)
+        self.logit = math.log(self.n) if self.n > 0 else -math.inf
 
     def potential(self, scores: Tensor) -> Tensor:
         lse = torch.logsumexp(scores, dim=-1)
@@ -157,15 +201,8 @@ class OutEffEnergy(Energy):
             return lse
         return torch.logaddexp(lse, torch.full_like(lse, math.log(self.n)))
 
-    def weights(self, scores: Tensor) -> Tensor:
-        return SoftmaxN(self.n)(scores)
-
     def separation(self) -> Separation:
         return Softmax() if self.n == 0 else SoftmaxN(self.n)
-
-    def no_op_mass(self, x: Tensor, memories: Tensor, beta: float = 1.0) -> Tensor:
-        """``1 - γ(x) = n / (n + S)``: the weight on the no-op memories, ``(..., L)``."""
-        return 1 - self.weights(scores_of(x, memories, beta)).sum(-1)
 
     def __repr__(self) -> str:
         return f"OutEffEnergy(n={self.n:g})"
@@ -261,7 +298,8 @@ class PolynomialEnergy(Energy):
 def energy_for(separation: Separation) -> Energy | None:
     """The energy whose CCCP step is the retrieval ``Ξ separation(βΞᵀx)``, or ``None``.
 
-    Softmax → :class:`DenseEnergy`, SoftmaxN(n) → :class:`OutEffEnergy` (n), Sparsemax →
+    Softmax → :class:`DenseEnergy`, SoftmaxN(n) → :class:`OutEffEnergy` (n), a fixed
+    :class:`Sink` without a value sink → :class:`SinkEnergy`, Sparsemax →
     :class:`TsallisEnergy` (2), a fixed-alpha Entmax → :class:`TsallisEnergy` (alpha). ``None`` for
     maps that are not the gradient of a convex potential (Polynomial, ClippedSoftmax, learnable
     entmax with a tensor alpha).
@@ -272,6 +310,12 @@ def energy_for(separation: Separation) -> Energy | None:
         return DenseEnergy()
     if type(separation) is SoftmaxN:
         return OutEffEnergy(separation.n)
+    if (
+        type(separation) is Sink
+        and isinstance(separation.logit, float)
+        and separation.value is None
+    ):
+        return SinkEnergy(separation.logit)
     if isinstance(separation, Sparsemax):
         return TsallisEnergy(2.0)
     if isinstance(separation, Entmax) and not isinstance(separation.alpha, Tensor):

@@ -54,25 +54,182 @@ class Separation(nn.Module):
         raise NotImplementedError
 
 
-class SoftmaxN(Separation):
+def _check_heads(heads: int | None) -> int | None:
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"heads must be a positive int or None, got {heads!r}")
+    return heads
+
+
+def _per_head(parameter: Tensor, scores: Tensor, name: str) -> Tensor:
+    """``parameter`` ``(G, ...)`` (one row per head or key/value group) spread over the
+    ``H = r · G`` query heads of ``scores (B, H, L, S)``, as ``(H, ...)``.
+
+    Query heads are grouped consecutively by key/value head (grouped-query attention: query head
+    ``h`` uses group ``h // r``), as Hugging Face's ``repeat_kv``.
+    """
+    groups = parameter.shape[0]
+    heads = scores.shape[-3] if scores.dim() >= 3 else -1
+    if heads < 1 or heads % groups:
+        raise ValueError(
+            f"scores must be (..., H, L, S) with H a multiple of the {groups} {name} rows "
+            f"(one per head or key/value group), got {tuple(scores.shape)}"
+        )
+    return parameter if heads == groups else parameter.repeat_interleave(heads // groups, 0)
+
+
+class Sink(Separation):
+    """Softmax with a sink: ``p_i = exp(z_i) / (exp(s) + Σ_j exp(z_j))``.
+
+    The sink is one more logit ``s`` whose weight ``p_s = exp(s) / (exp(s) + Σ_j exp(z_j))`` is
+    the mass the row abstains with; it is dropped from the weights (they sum to ``1 - p_s``) and
+    goes to the value sink vector ``v_s`` (zero by default): the retrieval is
+    ``Σ_i p_i v_i + p_s v_s``. ``s = 0`` is Softmax_1 (OutEffHop), ``s = log n`` Softmax_n
+    (:class:`SoftmaxN` is this map with a fixed ``log n``), a learnable ``s`` per head gpt-oss's
+    attention sinks, and a learnable ``s`` with ``v_s`` the key/value bias of Sun et al. (2024)
+    for a key whose score is the same for every query.
+
+    Computed with the shift ``m = max(s, max_j z_j)``: nothing overflows, and a fully masked row
+    gives zero weights (all its mass on the sink) with finite gradients.
+
+    Args:
+        logit: the (initial) sink logit: a finite float, or a tensor ``()`` / ``(G,)`` that is used
+            as given (gradients flow to it; it is not inspected), e.g. a model's own sinks.
+        learnable: own the logit as an ``nn.Parameter`` initialised to ``logit`` (a float).
+        heads: ``G``, the number of sink logits (and value sink rows): one per head, or one per
+            key/value group of grouped-query attention (query head ``h`` uses row ``h // (H / G)``);
+            ``None``: one for all heads.
+        value: the value sink: ``None`` (zero), an int ``Ev`` (a learnable vector, ``(G, Ev)`` or
+            ``(Ev,)``, initialised to zero), or a tensor ``(Ev,)`` / ``(G, Ev)`` used as given.
+    """
+
+    def __init__(
+        self,
+        logit: float | Tensor = 0.0,
+        *,
+        learnable: bool = False,
+        heads: int | None = None,
+        value: int | Tensor | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.heads = _check_heads(heads)
+        self.learnable = bool(learnable)
+        self.logit: Tensor | float
+        if isinstance(logit, Tensor):
+            if learnable:
+                raise ValueError("learnable=True needs a float logit (its initial value)")
+            self._check_rows("logit", logit, logit.dim() == 0 or logit.dim() == 1)
+            self.logit = logit
+        else:
+            value_ = _check_real("logit", logit)
+            if learnable:
+                rows = () if heads is None else (heads,)
+                self.logit = nn.Parameter(torch.full(rows, value_, device=device, dtype=dtype))
+            else:  # one fixed logit for all heads (heads then counts the value sink's rows)
+                self.logit = value_
+        self.value: Tensor | None
+        if value is None or isinstance(value, Tensor):
+            if value is not None:
+                self._check_rows("value", value, value.dim() in (1, 2), dims=2)
+            self.value = value
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"value must be None, a positive int (Ev) or a Tensor, got {value!r}")
+        else:
+            size = (value,) if heads is None else (heads, value)
+            self.value = nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
+
+    def _check_rows(self, name: str, tensor: Tensor, rank_ok: bool, dims: int = 1) -> None:
+        """A tensor argument's rank, and its row count against ``heads``."""
+        if not tensor.is_floating_point() or not rank_ok:
+            raise ValueError(
+                f"{name} must be a floating-point tensor of {dims - 1} or {dims} dims, got "
+                f"{tensor.dtype} {tuple(tensor.shape)}"
+            )
+        if tensor.dim() == dims and self.heads is not None and tensor.shape[0] != self.heads:
+            raise ValueError(f"{name} must have heads={self.heads} rows, got {tuple(tensor.shape)}")
+        if tensor.dim() == dims and self.heads is None:
+            self.heads = tensor.shape[0]
+
+    def sink_logit(self, scores: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """The sink logit broadcastable to ``scores[..., :1]``, in ``dtype`` (default: the
+        scores'): ``()`` or ``(H, 1, 1)``."""
+        dtype = scores.dtype if dtype is None else dtype
+        logit = self.logit
+        if not isinstance(logit, Tensor):
+            return torch.tensor(logit, dtype=dtype, device=scores.device)
+        logit = logit.to(dtype)
+        if logit.dim() == 0:
+            return logit
+        return _per_head(logit, scores, "sink logit").view(-1, 1, 1)
+
+    def value_sink(
+        self, scores: Tensor, width: int | None = None, dtype: torch.dtype | None = None
+    ) -> Tensor | None:
+        """The value sink broadcastable to the output ``(B, H, L, Ev)``: ``(Ev,)`` or
+        ``(H, 1, Ev)``, in ``dtype`` (default: the scores'); ``None`` when it is zero. With
+        ``width``, a value sink of another size than ``Ev = width`` is refused."""
+        if self.value is None:
+            return None
+        if width is not None and self.value.shape[-1] != width:
+            raise ValueError(
+                f"the value sink has size {self.value.shape[-1]}, the values (B, H, S, Ev) have "
+                f"Ev = {width}: they must match"
+            )
+        value = self.value.to(scores.dtype if dtype is None else dtype)
+        if value.dim() == 1:
+            return value
+        return _per_head(value, scores, "value sink").unsqueeze(-2)
+
+    def split(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """``(weights (..., S), sink weight (..., 1))`` of scores ``(..., S)`` (computed as the
+        scores' dtype, without the half-precision upcast of :meth:`forward`)."""
+        sink = self.sink_logit(scores)
+        peak = (
+            scores.detach().amax(dim=-1, keepdim=True)
+            if scores.shape[-1] > 0
+            else scores.new_full((*scores.shape[:-1], 1), -math.inf)
+        )
+        shift = torch.maximum(peak, sink.detach())
+        # Only a -inf sink and a fully masked row give -inf; any finite shift gives zeros then.
+        shift = torch.where(shift == -math.inf, torch.zeros_like(shift), shift)
+        numerator = torch.exp(scores - shift)
+        abstained = torch.exp(sink - shift)
+        denominator = numerator.sum(dim=-1, keepdim=True) + abstained
+        denominator = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+        return numerator / denominator, abstained / denominator
+
+    def separate(self, scores: Tensor) -> Tensor:
+        return self.split(scores)[0]
+
+    def extra_repr(self) -> str:
+        logit = self.logit if not isinstance(self.logit, Tensor) else tuple(self.logit.shape)
+        value = None if self.value is None else tuple(self.value.shape)
+        return f"logit={logit}, learnable={self.learnable}, heads={self.heads}, value={value}"
+
+
+class SoftmaxN(Sink):
     """Softmax_n: ``exp(z_i) / (n + Σ_j exp(z_j))`` (OutEffHop's Softmax_1 for ``n = 1``).
 
-    Equivalent to a softmax with ``n`` extra logits fixed at 0 ("no-op memories") whose weights
-    are dropped. Computed with the shift ``m = max(0, max_j z_j)``: nothing overflows and a fully
-    masked row gives zeros. ``n = 0`` is the ordinary softmax.
+    The :class:`Sink` with the fixed logit ``log n`` and no value sink. Equivalent to a softmax
+    with ``n`` extra logits fixed at 0 ("no-op memories") whose weights are dropped. Computed with
+    the shift ``m = max(0, max_j z_j)``: nothing overflows and a fully masked row gives zeros.
+    ``n = 0`` is the ordinary softmax.
 
     Args:
         n: the constant added to the denominator, ``n >= 0``.
     """
 
     def __init__(self, n: float = 1.0) -> None:
-        super().__init__()
-        self.n = _check_real("n", n)
-        if self.n < 0:
+        n = _check_real("n", n)
+        if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
+        super().__init__(0.0)
+        self.n = n
+        self.logit = math.log(n) if n > 0 else -math.inf
         self.zero_keys = int(self.n) if self.n == int(self.n) else None
 
-    def separate(self, scores: Tensor) -> Tensor:
+    def split(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         shift = scores.detach().amax(dim=-1, keepdim=True)
         if self.n > 0:
             shift = shift.clamp_min(0.0)
@@ -81,9 +238,11 @@ class SoftmaxN(Separation):
         shift = torch.where(shift == -math.inf, torch.zeros_like(shift), shift)
         numerator = torch.exp(scores - shift)
         denominator = numerator.sum(dim=-1, keepdim=True)
+        abstained = self.n * torch.exp(-shift)
         if self.n > 0:
-            denominator = denominator + self.n * torch.exp(-shift)
-        return numerator / torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+            denominator = denominator + abstained
+        denominator = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+        return numerator / denominator, abstained / denominator
 
     def extra_repr(self) -> str:
         return f"n={self.n:g}"
@@ -110,7 +269,8 @@ class ClippedSoftmax(Separation):
     Args:
         gamma: lower stretch, ``gamma <= 0``.
         zeta: upper stretch, ``zeta >= 1``.
-        base: the map that is stretched, :class:`Softmax` (default) or :class:`SoftmaxN`.
+        base: the map that is stretched, :class:`Softmax` (default), :class:`SoftmaxN` or a
+            :class:`Sink`.
     """
 
     def __init__(
@@ -124,8 +284,10 @@ class ClippedSoftmax(Separation):
         if self.zeta < 1:
             raise ValueError(f"zeta must be >= 1, got {zeta}")
         base = Softmax() if base is None else base
-        if not isinstance(base, SoftmaxN):
-            raise TypeError(f"base must be Softmax() or SoftmaxN(...), got {type(base).__name__}")
+        if not isinstance(base, Sink):
+            raise TypeError(
+                f"base must be Softmax(), SoftmaxN(...) or Sink(...), got {type(base).__name__}"
+            )
         self.base = base
 
     @classmethod
@@ -533,3 +695,62 @@ class Entmax(Separation):
 
     def extra_repr(self) -> str:
         return f"alpha={self.initial_alpha:g}, learnable={self.alpha_logit is not None}"
+
+
+class EntmaxSink(Entmax):
+    """alpha-entmax with a sink: the entmax of ``[z, s]`` with the sink's weight dropped.
+
+    The sink logit ``s`` is one more entry of the simplex projection; its weight ``p_s`` is the
+    mass the row abstains with (it goes to the value sink, zero by default), so a head gives
+    exact zeros on keys below the threshold and abstains entirely (all weights exactly 0) when
+    every score falls below it. With ``learnable=True`` alpha is learned as in :class:`Entmax`;
+    the sink is a :class:`Sink` (fixed, learnable, per head or key/value group, value sink).
+    Gradients flow to the scores, alpha and the sink.
+
+    Args:
+        alpha, learnable, num_heads, iterations: as :class:`Entmax`.
+        logit, learnable_logit, heads, value: the sink's ``logit``, ``learnable``, ``heads`` and
+            ``value``, as :class:`Sink`.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.5,
+        learnable: bool = False,
+        num_heads: int | None = None,
+        iterations: int = 50,
+        *,
+        logit: float | Tensor = 0.0,
+        learnable_logit: bool = False,
+        heads: int | None = None,
+        value: int | Tensor | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(alpha, learnable, num_heads, iterations, device=device, dtype=dtype)
+        self.sink = Sink(
+            logit, learnable=learnable_logit, heads=heads, value=value, device=device, dtype=dtype
+        )
+
+    @property
+    def value(self) -> Tensor | None:
+        """The value sink, as :attr:`Sink.value`."""
+        return self.sink.value
+
+    def value_sink(
+        self, scores: Tensor, width: int | None = None, dtype: torch.dtype | None = None
+    ) -> Tensor | None:
+        """As :meth:`Sink.value_sink`."""
+        return self.sink.value_sink(scores, width, dtype)
+
+    def split(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """``(weights (..., S), sink weight (..., 1))`` of scores ``(..., S)``."""
+        logit = self.sink.sink_logit(scores).expand(scores[..., :1].shape)
+        weights = super().separate(torch.cat([scores, logit], dim=-1))
+        return weights[..., :-1], weights[..., -1:]
+
+    def separate(self, scores: Tensor) -> Tensor:
+        return self.split(scores)[0]
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", sink"

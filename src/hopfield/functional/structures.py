@@ -26,7 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.blockwise import blockwise_entmax_attention
-from hopfield.functional.separation import HALF_DTYPES, Entmax, Separation, SoftmaxN, Sparsemax
+from hopfield.functional.separation import (
+    HALF_DTYPES,
+    Entmax,
+    EntmaxSink,
+    Separation,
+    Sink,
+    SoftmaxN,
+    Sparsemax,
+)
 
 Scale = float | Tensor
 Result = tuple[Tensor, Tensor | None]
@@ -158,7 +166,14 @@ def explicit_association(
             dropout=dropout,
         )
         return out.to(q.dtype), weights.to(q.dtype)
-    weights = separation(apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask))
+    scores = apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
+    if isinstance(separation, Sink | EntmaxSink):
+        value_sink = separation.value_sink(scores, v.shape[-1])
+        if value_sink is not None:  # also for S = 0: all the mass is on the value sink then
+            weights, abstained = separation.split(scores)
+            dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+            return torch.matmul(dropped, v) + abstained * value_sink, weights
+    weights = separation(scores)
     dropped = F.dropout(weights, dropout) if dropout > 0 else weights
     return torch.matmul(dropped, v), weights
 
@@ -189,6 +204,12 @@ class Dense(Structure):
       with ``n`` zero keys and zero values appended (integer ``n``) and the mask padded so they
       are never masked; fully masked rows of a plain softmax get one zero key that only they
       can see, so they return zeros instead of NaN.
+
+    A :class:`~hopfield.functional.Sink` (a fixed or learned sink logit, a value sink) takes the
+    flash kernel's log-sum-exp on the CPU without dropout (``σ(lse - s) · O + σ(s - lse) · v_s``,
+    the sink's gradients from the same quantities) and elsewhere SDPA with one zero key whose
+    mask column is the sink logit and whose value is the value sink (see
+    :mod:`hopfield.functional.sink`); the explicit path while a graph is captured for export.
 
     Sparsemax and α-entmax with a fixed α (``Sparsemax()``, ``Entmax(alpha)``) run blockwise
     (:mod:`hopfield.functional.blockwise`: streamed key tiles, no ``L × S`` matrix, scores
@@ -240,6 +261,15 @@ class Dense(Structure):
             and _flash_applies(q, v, mask, dropout)
         ):
             return _flash_softmax_n(q, k, v, separation.n, scale, mask, causal), None
+        if (
+            not return_weights
+            and isinstance(separation, Sink)
+            and not isinstance(separation, SoftmaxN)
+            and not capturing_graph()  # ONNX's SDPA decomposition: a layout later views refuse
+        ):
+            if _flash_applies(q, v, mask, dropout):
+                return flash_sink(q, k, v, separation, scale, mask, causal), None
+            return sdpa_sink(q, k, v, separation, scale, mask, causal, dropout), None
         alpha = _blockwise_alpha(separation)
         if (
             alpha is not None
@@ -346,8 +376,14 @@ def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) ->
     )
 
 
-class _FlashSoftmaxN(torch.autograd.Function):
-    """Softmax_n attention from the flash kernel's output and log-sum-exp (CPU)."""
+class _FlashSink(torch.autograd.Function):
+    """Sink attention from the CPU flash kernel's output ``O`` and log-sum-exp ``lse``.
+
+    With ``A = logaddexp(lse, s)`` the output is ``exp(lse - A) · O + exp(s - A) · v_s``
+    (``sigmoid(lse - s) · O`` without a value sink). The gradients of ``q, k, v`` are the kernel's
+    backward at the augmented ``A`` with the sink's output (the sink column never reaches a key
+    or value); ``d out / d s = p_s (v_s - out)`` and ``d out / d v_s = p_s``.
+    """
 
     @staticmethod
     def forward(
@@ -355,7 +391,8 @@ class _FlashSoftmaxN(torch.autograd.Function):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        n: float,
+        sink: Tensor | None,
+        value_sink: Tensor | None,
         mask: Tensor | None,
         is_causal: bool,
         scale: float,
@@ -363,38 +400,44 @@ class _FlashSoftmaxN(torch.autograd.Function):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
         )
-        if n > 0:
-            augmented = torch.logaddexp(lse, torch.full_like(lse, math.log(n)))
-            out.mul_(
-                torch.exp(lse - augmented).unsqueeze(-1).to(out.dtype)
-            )  # the kernel's own buffer
+        abstained = None
+        if sink is not None:
+            if mask is not None:  # the kernel gives lse = 0 to a fully masked row: it has none
+                blocked = (mask == -math.inf).all(dim=-1)
+                lse = lse.masked_fill(blocked.expand_as(lse), -math.inf)
+            augmented = torch.logaddexp(lse, sink.to(lse.dtype).expand_as(lse))
+            out.mul_(torch.exp(lse - augmented).unsqueeze(-1).to(out.dtype))  # the kernel's buffer
+            abstained = torch.exp(sink.to(lse.dtype) - augmented).unsqueeze(-1)
+            if value_sink is not None:
+                out.add_((abstained * value_sink.to(lse.dtype)).to(out.dtype))
             lse = augmented
-        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.save_for_backward(q, k, v, out, lse, mask, sink, value_sink, abstained)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, mask = ctx.saved_tensors
+        q, k, v, out, lse, mask, sink, value_sink, abstained = ctx.saved_tensors
+        grad = grad.contiguous()
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.contiguous(),
-            q,
-            k,
-            v,
-            out,
-            lse,
-            0.0,
-            ctx.is_causal,
-            attn_mask=mask,
-            scale=ctx.scale,
+            grad, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
         )
-        return (*grads, None, None, None, None)
+        grad_sink = grad_value = None
+        if ctx.needs_input_grad[3]:
+            target = -out.to(lse.dtype) if value_sink is None else value_sink - out.to(lse.dtype)
+            grad_sink = (abstained * grad.to(lse.dtype) * target).sum(-1, keepdim=True)
+            grad_sink = grad_sink.squeeze(-1).sum_to_size(sink.shape).to(sink.dtype)
+        if ctx.needs_input_grad[4]:
+            grad_value = (abstained * grad.to(lse.dtype)).sum_to_size(value_sink.shape)
+            grad_value = grad_value.to(value_sink.dtype)
+        return (*grads, grad_sink, grad_value, None, None, None)
 
 
-def _flash_softmax_n(
-    q: Tensor, k: Tensor, v: Tensor, n: float, scale: Scale, mask: Tensor | None, causal: bool
-) -> Tensor:
-    length, size = q.shape[-2], k.shape[-2]
+def _flash_inputs(
+    q: Tensor, scale: Scale, mask: Tensor | None, causal: bool, size: int
+) -> tuple[Tensor, float, Tensor | None, bool]:
+    """``(q, scale, additive mask, is_causal)`` as the CPU flash kernel takes them."""
+    length = q.shape[-2]
     if isinstance(scale, Tensor):
         q, scale = q * scale, 1.0
     is_causal = causal and mask is None and length == size
@@ -404,5 +447,67 @@ def _flash_softmax_n(
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, -math.inf)
     elif mask is not None:
         mask = mask.to(q.dtype)
-    out: Tensor = _FlashSoftmaxN.apply(q, k, v, n, mask, is_causal, scale)
+    return q, scale, mask, is_causal
+
+
+def _flash_softmax_n(
+    q: Tensor, k: Tensor, v: Tensor, n: float, scale: Scale, mask: Tensor | None, causal: bool
+) -> Tensor:
+    q, scale, mask, is_causal = _flash_inputs(q, scale, mask, causal, k.shape[-2])
+    sink = torch.full((), math.log(n), dtype=torch.float64) if n > 0 else None
+    out: Tensor = _FlashSink.apply(q, k, v, sink, None, mask, is_causal, scale)
     return out
+
+
+def flash_sink(
+    q: Tensor, k: Tensor, v: Tensor, sink: Sink, scale: Scale, mask: Tensor | None, causal: bool
+) -> Tensor:
+    """:class:`Sink` attention ``(B, H, L, Ev)`` from the CPU flash kernel's log-sum-exp
+    (``Ev = E``; no dropout); arguments as :meth:`Dense.forward`."""
+    work = torch.float32 if q.dtype in HALF_DTYPES else q.dtype  # as the kernel's lse
+    logit = sink.sink_logit(q, work)  # () or (H, 1, 1)
+    value_sink = sink.value_sink(q, v.shape[-1], work)
+    q, scale, mask, is_causal = _flash_inputs(q, scale, mask, causal, k.shape[-2])
+    sink_rows = logit if logit.dim() == 0 else logit.squeeze(-1)  # broadcastable to lse (B, H, L)
+    out: Tensor = _FlashSink.apply(q, k, v, sink_rows, value_sink, mask, is_causal, scale)
+    return out
+
+
+def sdpa_sink(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sink: Sink,
+    scale: Scale,
+    mask: Tensor | None,
+    causal: bool,
+    dropout: float,
+) -> Tensor:
+    """:class:`Sink` attention ``(B, H, L, Ev)`` through
+    :func:`~torch.nn.functional.scaled_dot_product_attention`: one zero key whose value is the
+    value sink (or zero) and whose additive mask column is the sink logit, so its score is the
+    logit whatever the scale; arguments as :meth:`Dense.forward`."""
+    batch, heads, length = q.shape[:3]
+    size = k.shape[-2]
+    logit = sink.sink_logit(q)
+    value_sink = sink.value_sink(q, v.shape[-1])
+    if isinstance(scale, Tensor):
+        q, scale = q * scale, 1.0
+    if causal:
+        mask = with_causal(mask, length, size, q.device)
+    if mask is None:
+        bias = q.new_zeros(1, 1, 1, 1)
+    elif mask.dtype == torch.bool:
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, -math.inf)
+    else:
+        bias = mask.to(q.dtype)
+    column = logit.expand(batch, heads, length, 1)
+    bias = torch.cat([bias.expand(batch, heads, length, size), column], dim=-1)
+    extra_v = (
+        v.new_zeros(batch, heads, 1, v.shape[-1])
+        if value_sink is None
+        else value_sink.to(v.dtype).expand(batch, heads, 1, v.shape[-1])
+    )
+    k = torch.cat([k, k.new_zeros(batch, heads, 1, k.shape[-1])], dim=-2)
+    v = torch.cat([v, extra_v], dim=-2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=scale)

@@ -38,7 +38,6 @@ probes, the explicit path runs and each probe sees (and may replace) the raw sco
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.functional import ClippedSoftmax, Separation, Softmax, SoftmaxN, associate
+from hopfield.functional import ClippedSoftmax, Separation, Sink, Softmax, SoftmaxN, associate
 from hopfield.functional.structures import apply_mask, with_causal
 
 __all__ = [
@@ -230,47 +229,23 @@ def check_settings(settings: Any) -> None:
         )
 
 
-def _sink_mask(
-    spec: AttentionVariant, module: nn.Module, mask: Tensor | None, sinks: Tensor, query: Tensor
-) -> Tensor:
-    """The attention mask with the model's learned sink logits folded in (gpt-oss's ``s_aux``).
-
-    Softmax_1 of the scores shifted by ``-s_h`` is ``exp(z_i) / (exp(s_h) + Σ_j exp(z_j))``, the
-    softmax with head ``h``'s learned sink logit ``s_h`` in place of the fixed logit 0, so the sink
-    variants (plain, clipped, gated) take the learned sinks as an additive mask ``-s_h`` on the
-    fused path, and the sinks get their gradients through it.
-
-    Args:
-        mask: ``None``, boolean ``(B, 1, L, S)`` (``True`` = attend) or additive float.
-        sinks: one logit per query head, ``(H,)``.
-
-    Returns:
-        An additive float mask broadcastable to ``(B, H, L, S)``.
-    """
-    if not spec.n:
-        sink_variants = sorted(name for name, v in VARIANTS.items() if v.n)
-        raise ValueError(
-            f"{type(module).__name__} has learned attention sinks (s_aux, e.g. gpt-oss); "
-            f"attention {spec.name!r} has no sink: use a sink variant ({', '.join(sink_variants)}), "
-            "whose sink logit becomes the model's learned one"
-        )
-    heads = query.shape[1]
-    if not isinstance(sinks, Tensor) or sinks.shape != (heads,):
-        raise ValueError(
-            f"s_aux (the learned sink logits) must be a tensor ({heads},), one per query head, "
-            f"got {tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__}"
-        )
-    shift = -sinks.to(query.dtype).view(1, heads, 1, 1)
-    if mask is None:
-        return shift
-    if mask.dtype == torch.bool:
-        zero = torch.zeros((), dtype=query.dtype, device=query.device)
-        mask = torch.where(mask, zero, torch.full_like(zero, -math.inf))
-    return mask.to(query.dtype) + shift
-
-
-def _separation(spec: AttentionVariant, module: nn.Module) -> Separation:
-    base: SoftmaxN = SoftmaxN(1.0) if spec.n else Softmax()
+def _separation(
+    spec: AttentionVariant, module: nn.Module, sinks: Any = None, heads: int = 0
+) -> Separation:
+    """The variant's separation; with the model's learned sink logits ``sinks`` ``(H,)`` (gpt-oss's
+    ``s_aux``) a :class:`~hopfield.functional.Sink` with those logits (gradients flow to them)
+    takes the place of the fixed sink logit 0 of the sink variants (plain, clipped, gated)."""
+    base: Sink = SoftmaxN(1.0) if spec.n else Softmax()
+    if sinks is not None:
+        if not spec.n:
+            sink_variants = sorted(name for name, v in VARIANTS.items() if v.n)
+            raise ValueError(
+                f"{type(module).__name__} has learned attention sinks (s_aux, e.g. gpt-oss); "
+                f"attention {spec.name!r} has no sink: use a sink variant "
+                f"({', '.join(sink_variants)}), whose sink logit becomes the model's learned one"
+            )
+        _check_sinks(sinks, heads)
+        base = Sink(sinks)
     if not spec.clipped:
         return base
     settings = getattr(getattr(module, "config", None), CONFIG_KEY, None)
@@ -280,6 +255,14 @@ def _separation(spec: AttentionVariant, module: nn.Module) -> Separation:
             "hopfield.integrations.configure_attention(config, ...) before building the model"
         )
     return ClippedSoftmax(gamma=settings["gamma"], zeta=settings["zeta"], base=base)
+
+
+def _check_sinks(sinks: Any, heads: int) -> None:
+    if not isinstance(sinks, Tensor) or sinks.shape != (heads,) or not sinks.is_floating_point():
+        raise ValueError(
+            f"s_aux (the learned sink logits) must be a float tensor ({heads},), one per query "
+            f"head, got {tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__}"
+        )
 
 
 def _explicit(
@@ -352,9 +335,9 @@ def attention_forward(
         is_causal: overrides ``module.is_causal`` (used only when no mask is given).
         **kwargs: from the model; ``output_attentions`` (or ``module.config.output_attentions``)
             asks for the weights; ``s_aux`` (gpt-oss's learned sink logits ``(H,)``) replaces
-            the sink variants' fixed sink logit 0 (folded into the mask as ``-s_h``, so probes
-            see masked scores shifted by it; a variant without a sink refuses it); ``softcap``
-            is refused.
+            the sink variants' fixed sink logit 0 (a :class:`~hopfield.functional.Sink` with
+            those logits, on the same fused paths; a variant without a sink refuses it);
+            ``softcap`` is refused.
 
     Returns:
         ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``. The weights are returned where
@@ -368,12 +351,11 @@ def attention_forward(
             f"attention {variant!r} does not support softcap (logit soft-capping); "
             "use attn_implementation='eager' for this model"
         )
-    separation = _separation(spec, module)
+    sinks = kwargs.get("s_aux")
+    separation = _separation(spec, module, sinks, query.shape[1])
     key, value = _repeat_kv(query, key), _repeat_kv(query, value)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     causal = causal and attention_mask is None and query.shape[-2] > 1
-    if kwargs.get("s_aux") is not None:
-        attention_mask = _sink_mask(spec, module, attention_mask, kwargs["s_aux"], query)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     probes: list[AttentionProbe] = getattr(module, "_hopfield_probes", [])
     weights: Tensor | None = None
