@@ -4,12 +4,18 @@ and a checkout that the tests leave as they found it."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis.configuration import set_hypothesis_home_dir
+
+# hypothesis fixed its storage folder to the folder pytest started in when the plugin imported
+# it, and writes there while test modules are collected: keep it out of the checkout
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "hopfield-tests-hypothesis")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

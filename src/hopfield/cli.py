@@ -448,7 +448,11 @@ def _run_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     _check_preset(args.name, args.preset)
     try:
         check_tracker_names(args.log_with)
-    except (ValueError, ImportError) as error:
+    except ValueError as error:
+        raise UsageError(f"--log-with: {error}") from None
+    except ImportError as error:
+        if error.name not in args.log_with:
+            raise  # accelerate itself is missing: the extra that installs it is named
         raise UsageError(f"--log-with: {error}") from None
     if args.collective_timeout is not None:  # read where the process group is set up
         os.environ[COLLECTIVE_TIMEOUT_VARIABLE] = str(args.collective_timeout)

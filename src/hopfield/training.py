@@ -1414,6 +1414,8 @@ class Trainer:
 def check_tracker_names(names: Sequence[str]) -> None:
     """``ValueError`` for a name that is no accelerate tracker, ``ImportError`` naming the
     package of one that is not installed (accelerate would drop it without a word)."""
+    if not names:  # nothing to check: accelerate need not be installed
+        return
     from accelerate.tracking import get_available_trackers
     from accelerate.utils import LoggerType
 
