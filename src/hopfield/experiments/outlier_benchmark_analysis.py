@@ -394,10 +394,16 @@ def render_doc(results_dir: Path | str, protocol: Mapping[str, Any] | None = Non
     results = Results.from_dict(record["results"])
     runs = json.loads((folder / "runs.json").read_text())
     verdicts = _ledger(Path(results_dir))
+    trained = runs.get("runs", {}).values()
+    tasks = ", ".join(record["config"].get("tasks", []))
     lines += ["", "## Results", "",
-              f"Preset `{record['preset']}`, code commit `{runs.get('code_commit', 'unknown')}`, "
-              f"{record.get('processes', 1)} process(es), wall time "
-              f"{record['wall_time_s'] / 3600:.2f} h.", ""]  # fmt: skip
+              f"Preset `{record['preset']}` (tasks: {tasks}; overrides: "
+              f"{record.get('overrides') or 'none'}), code commit "
+              f"`{runs.get('code_commit', 'unknown')}`, {len(trained)} runs, "
+              f"{sum(r.get('train_seconds', 0.0) for r in trained) / 3600:.2f} h of training "
+              f"summed over the runs (each process's wall time), the record's sitting "
+              f"{record['wall_time_s']:.0f} s on {record.get('processes', 1)} process(es).",
+              ""]  # fmt: skip
     lines += _verdict_lines(record, verdicts)
     lines += _next_steps(record["results"]["metrics"])
     for name in results.figures:
