@@ -1,7 +1,8 @@
 """Trains a small regression network with :class:`hopfield.training.Trainer`; run by
 ``tests/test_distributed_training.py`` under ``torchrun`` and in one process.
 
-Usage: ``python distributed_training_script.py OUT MICRO_BATCH [UNTIL_STEP|- [LOG_EVERY]]``. The main process
+Usage: ``python distributed_training_script.py OUT MICRO_BATCH [UNTIL_STEP|- [LOG_EVERY
+[BATCH]]]`` (``BATCH``: the global batch, 16 by default). The main process
 writes ``OUT/final.pt`` (weights) and ``OUT/result.json`` (log, steps, processes, and the first
 random draw in ``loss_fn`` of every process).
 """
@@ -37,12 +38,14 @@ def loss_fn(model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
     return (error**2).mean(), {"mae": error.abs().mean()}
 
 
-def main(out: Path, micro_batch: int, until_step: int | None, log_every: int = 1) -> None:
+def main(
+    out: Path, micro_batch: int, until_step: int | None, log_every: int = 1, batch: int = 16
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 1))
     config = TrainingConfig(
         epochs=3,
-        batch_size=16,
+        batch_size=batch,
         micro_batch_size=micro_batch,
         lr=3e-3,
         warmup_steps=2,
@@ -83,4 +86,5 @@ def main(out: Path, micro_batch: int, until_step: int | None, log_every: int = 1
 
 if __name__ == "__main__":
     until = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
-    main(Path(sys.argv[1]), int(sys.argv[2]), until, int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+    numbers = [int(a) for a in sys.argv[4:6]]
+    main(Path(sys.argv[1]), int(sys.argv[2]), until, *numbers)

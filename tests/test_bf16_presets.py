@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from hopfield.experiments.registry import all_experiments
 
@@ -42,6 +41,5 @@ def test_every_training_preset_runs_in_bf16(tmp_path: Path) -> None:
         assert record["mixed_precision"] == "bf16", name
         metrics = record["results"]["metrics"]
         assert all(not math.isnan(v) for m in metrics.values() for v in _numbers(m)), name
-        for path in (tmp_path / name).rglob("trainer.pt"):
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            assert state["config"]["mixed_precision"] == "bf16", path
+        for path in (tmp_path / name).rglob("checkpoints/*/manifest.json"):
+            assert json.loads(path.read_text())["facts"]["mixed_precision"] == "bf16", path

@@ -1,6 +1,7 @@
-"""The Hyper-SET experiments under ``torchrun`` (2 CPU processes): the tiny image run follows one
-process, a stopped run resumes to the uninterrupted result, and the paper presets run 2 optimiser
-steps with their exact models and optimisers (the smoke recipe of docs/scale.md)."""
+"""The Hyper-SET experiments under ``torchrun`` (2 CPU processes, and 3 for Sudoku): the tiny
+runs follow one process, a stopped run resumes to the uninterrupted result, and the paper presets
+run 2 optimiser steps with their exact models and optimisers (the smoke recipe of
+docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -97,13 +98,32 @@ def test_tiny_images_resume_under_two_processes(
     stopped = _runs(tmp_path / "out", NAME)["hyperset"]
     assert (stopped["steps"], stopped["finished"], stopped["processes"]) == (1, False, 2)
     checkpoint = tmp_path / "out" / NAME / "runs" / "hyperset" / "checkpoints" / "step-1"
-    assert (checkpoint / "rng-1.pt").is_file()
+    assert (checkpoint / "random_states_1.pkl").is_file()
     resumed = run_distributed(NAME, "tiny", tmp_path / "out", *one)["results"]["metrics"]
     record = _runs(tmp_path / "out", NAME)["hyperset"]
     assert (record["resumed_from"], record["finished"], record["processes"]) == (1, True, 2)
     full = two_processes[1]["results"]["metrics"]
     assert {"hyperset_accuracy", "e_attn_slope"} <= resumed.keys()
     assert resumed == {key: full[key] for key in resumed}
+
+
+def test_tiny_sudoku_under_three_processes_follows_one(tmp_path: Path) -> None:
+    """Three processes split the tiny preset's global batch of 24 into 8 each and give the
+    numbers of one process (a layout the preset was not written for)."""
+    overrides = {"models": '["hyperset"]', "ablations": "[]"}
+    record = run_distributed(
+        "hyperset-sudoku", "tiny", tmp_path / "three", *_sets(overrides), nproc=3
+    )
+    (run,) = _runs(tmp_path / "three", "hyperset-sudoku").values()
+    assert (run["processes"], run["finished"]) == (3, True)
+    single = run_experiment(
+        "hyperset-sudoku", "tiny", tmp_path / "one", progress=False, overrides=overrides
+    )
+    expected = json.loads(single.read_text())["results"]["metrics"]
+    metrics = record["results"]["metrics"]
+    assert metrics.keys() == expected.keys() and expected
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))

@@ -96,7 +96,7 @@ def test_tiny_mnist_bags_resumes_under_two_processes(
     assert (cut["steps"], cut["finished"], cut["processes"], cut["stop_after"]) == (3, False, 2, 3)
     work = tmp_path / name / WORK_DIR / "5_dense_0" / "checkpoints"
     assert [p.name for p in work.iterdir()] == ["step-3"]
-    assert (work / "step-3" / "rng-1.pt").is_file()
+    assert (work / "step-3" / "random_states_1.pkl").is_file()
     resumed = run_distributed(name, "tiny", tmp_path, *ONE_RUN)
     (run,) = _runs(tmp_path, name).values()
     assert (run["resumed_from"], run["finished"], run["steps"]) == (3, True, 10)

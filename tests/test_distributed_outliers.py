@@ -166,7 +166,7 @@ def test_paper_outlier_study_two_steps(family: str, tmp_path: Path) -> None:
     assert result["steps"] == 2 and result["stop_after"] == 2 and result["processes"] == 2
     log = read_log(run_dir)
     assert [r["step"] for r in log] == [1, 2] and log[-1]["max_abs"]  # monitored on 2 processes
-    assert (run_dir / "checkpoints" / "step-2" / "rng-1.pt").is_file()
+    assert (run_dir / "checkpoints" / "step-2" / "random_states_1.pkl").is_file()
 
 
 def test_paper_convergence_two_steps(tmp_path: Path) -> None:

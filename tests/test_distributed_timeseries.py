@@ -83,7 +83,7 @@ def test_tiny_timeseries_resumes_under_two_processes(tmp_path: Path) -> None:
     (cut,) = _runs(tmp_path / "out", name).values()
     assert (cut["steps"], cut["finished"]) == (1, False)
     run_dir = tmp_path / "out" / name / "runs" / "synthetic-24-dense-0"
-    assert (run_dir / "checkpoints" / "step-1" / "rng-1.pt").is_file()
+    assert (run_dir / "checkpoints" / "step-1" / "random_states_1.pkl").is_file()
     resumed = run_distributed(name, "tiny", tmp_path / "out", *one)
     (record,) = _runs(tmp_path / "out", name).values()
     assert (record["resumed_from"], record["finished"], record["steps"]) == (1, True, 2)

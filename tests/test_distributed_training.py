@@ -1,6 +1,6 @@
-"""The training engine under two processes (torchrun, gloo): the same loss curve as one process
-with the same global batch, and a stopped-and-resumed run that ends where an uninterrupted one
-does."""
+"""The training engine under two and three processes (torchrun, gloo): the same loss curve as
+one process with the same global batch, and a stopped-and-resumed run that ends where an
+uninterrupted one does."""
 
 from __future__ import annotations
 
@@ -94,3 +94,42 @@ def test_a_resumed_two_process_run_logs_the_interrupted_interval_as_an_uninterru
     assert [r["step"] for r in resumed["log"]] == [4, 8, 12]
     for a, b in zip(uninterrupted["log"], resumed["log"], strict=True):
         assert b["loss"] == a["loss"] and b["mae"] == a["mae"], (a["step"], b["step"])
+
+
+def _one_process(out: Path, *args: str) -> dict[str, Any]:
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, SCRIPT, str(out), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _result(out)
+
+
+def test_three_processes_follow_one_and_resume_bitwise(tmp_path: Path) -> None:
+    """A global batch of 12 over 3 processes with micro-batches of 2 (2 accumulated each): the
+    loss curve of one process with the same batch; stopped after step 7 and resumed, the
+    weights and the log of the uninterrupted 3-process run to float rounding (not bitwise: a
+    resumed job's new process group may add the three processes' gradients in another order;
+    uninterrupted 3-process runs repeat each other bitwise)."""
+    single = _one_process(tmp_path / "one", "12", "-", "1", "12")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir()
+    parts.mkdir()
+    torchrun([SCRIPT, str(whole), "2", "-", "1", "12"], cwd=whole, nproc=3)
+    torchrun([SCRIPT, str(parts), "2", "7", "1", "12"], cwd=parts, nproc=3)
+    torchrun([SCRIPT, str(parts), "2", "-", "1", "12"], cwd=parts, nproc=3)
+    triple, resumed = _result(whole), _result(parts)
+    assert triple["processes"] == 3 and triple["step"] == single["step"] == 15  # 3 × 64 // 12
+    for a, b in zip(single["log"], triple["log"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+        assert b["lr"] == a["lr"]
+        assert b["max_abs"]["1"] == pytest.approx(a["max_abs"]["1"], rel=1e-5)
+    assert len({draw for (draw,) in triple["first_draws"]}) == 3  # each process its own stream
+    assert resumed["resumed_from"] == 7
+    assert [r["step"] for r in resumed["log"]] == list(range(1, 16))
+    for a, b in zip(triple["log"], resumed["log"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6), a["step"]
+        assert b.get("eval", {}).get("probe") == pytest.approx(a.get("eval", {}).get("probe"))
+    reference = _weights(whole)
+    for name, value in _weights(parts).items():
+        torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-7)

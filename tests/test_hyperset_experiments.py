@@ -106,7 +106,7 @@ def test_images_resume_through_trainer_checkpoints(tmp_path: Path) -> None:
     _, stopped = _images(tmp_path / "out", stop_after=1)
     assert (stopped["steps"], stopped["finished"]) == (1, False)
     checkpoints = tmp_path / "out" / "hyperset-images" / "runs" / "hyperset" / "checkpoints"
-    assert (checkpoints / "step-1" / "rng-0.pt").is_file()
+    assert (checkpoints / "step-1" / "random_states_0.pkl").is_file()
     resumed, record = _images(tmp_path / "out")
     assert (record["resumed_from"], record["finished"]) == (1, True) and resumed == full
     assert not checkpoints.exists()  # a finished run keeps its record, not its checkpoints

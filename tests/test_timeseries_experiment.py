@@ -184,7 +184,7 @@ def test_a_stopped_run_resumes_from_its_checkpoints(tmp_path: Path) -> None:
     )
     runs = json.loads((cut.parent / "runs.json").read_text())
     assert all(r["steps"] == 1 and not r["finished"] for r in runs.values())
-    assert len(list(cut.parent.rglob("checkpoints/step-1/trainer.pt"))) == len(MODELS)
+    assert len(list(cut.parent.rglob("checkpoints/step-1/manifest.json"))) == len(MODELS)
     resumed = run_experiment("timeseries-hopfield", "tiny", tmp_path / "cut", progress=False)
     runs = json.loads((resumed.parent / "runs.json").read_text())
     assert all(r["resumed_from"] == 1 and r["finished"] for r in runs.values())

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from hopfield.data import DataNotFoundError
@@ -206,8 +207,10 @@ def test_early_stopping_restores_the_best_epoch(tmp_path: Path) -> None:
     assert (fit.best_epoch, fit.epochs_run, fit.stopped_early, fit.finished) == (1, 3, True, True)
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert kept == ["step-12", "step-18"]  # the newest and the one before (the fallback)
-    saved = torch.load(latest_checkpoint(tmp_path / "run") / "trainer.pt", weights_only=False)
-    last, best = saved["model"]["offset"], saved["best_state"]["offset"]
+    newest = latest_checkpoint(tmp_path / "run")
+    saved = torch.load(newest / "custom_checkpoint_1.pkl", weights_only=False)  # the trainer's
+    last = load_file(newest / "model.safetensors")["offset"]
+    best = saved["best_state"]["offset"]
     assert float(model.offset.detach()) == float(best) != float(last)
     assert evaluate(model, splits.val, recipe.eval_batch)["mse"] == pytest.approx(val[0])
 

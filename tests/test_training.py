@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ from hopfield.training import (
     parameter_groups,
     read_log,
 )
+
+#: The trainer's own state in a checkpoint: accelerate's file of the second object registered for
+#: checkpointing (the schedule is the first).
+TRAINER_STATE = "custom_checkpoint_1.pkl"
 
 
 class Net(nn.Module):
@@ -369,7 +374,7 @@ def test_early_stopping_restores_the_best_weights(tmp_path: Path) -> None:
     # the weights restored are those evaluated at step 4, not those of step 8
     assert len(snapshots) == 4
     assert latest_checkpoint(tmp_path).name == "step-8"
-    state = torch.load(latest_checkpoint(tmp_path) / "trainer.pt", weights_only=False)
+    state = torch.load(latest_checkpoint(tmp_path) / TRAINER_STATE, weights_only=False)
     assert torch.equal(state["best_state"]["out.weight"], snapshots[1])
     assert torch.equal(run.unwrapped.out.weight, snapshots[1])
 
@@ -448,14 +453,27 @@ def _cut_at_step_6(out: Path) -> Path:
     return out / "checkpoints" / "step-6"
 
 
-@pytest.mark.parametrize("damage", ["half trainer.pt", "empty rng"])
+DAMAGES = {
+    "half the weights": ("model.safetensors", lambda b: b[: len(b) // 2]),
+    "empty RNG states": ("random_states_0.pkl", lambda b: b""),
+    "one byte changed": ("optimizer.bin", lambda b: b[:-9] + bytes([b[-9] ^ 1]) + b[-8:]),
+    "a manifest cut short": ("manifest.json", lambda b: b[:40]),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path: Path, damage: str) -> None:
     reference = trainer(tmp_path / "full").fit()
     newest = _cut_at_step_6(tmp_path / "cut")
-    bad = newest / ("trainer.pt" if damage == "half trainer.pt" else "rng-0.pt")
-    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2] if "half" in damage else b"")
+    name, change = DAMAGES[damage]
+    bad = newest / name
+    bad.write_bytes(change(bad.read_bytes()))
+    fresh = trainer(tmp_path / "cut")
+    before = {k: v.clone() for k, v in fresh.unwrapped.state_dict().items()}
     with pytest.raises(ValueError, match=re.escape(f"damaged checkpoint {bad}")):
-        trainer(tmp_path / "cut").load_checkpoint(newest)
+        fresh.load_checkpoint(newest)
+    for key, value in fresh.unwrapped.state_dict().items():  # nothing was loaded
+        assert torch.equal(value, before[key]), key
     with pytest.warns(UserWarning, match=re.escape(f"damaged checkpoint {bad}")) as caught:
         result = trainer(tmp_path / "cut").fit()
     assert len(caught) == 1
@@ -463,11 +481,18 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path: Path, damag
     assert json.dumps(result.log) == json.dumps(reference.log)
 
 
+def test_a_file_the_manifest_does_not_list_makes_a_checkpoint_damaged(tmp_path: Path) -> None:
+    newest = _cut_at_step_6(tmp_path / "cut")
+    (newest / "custom_checkpoint_9.pkl").write_bytes(b"planted")
+    with pytest.raises(ValueError, match=r"custom_checkpoint_9\.pkl: not in the manifest"):
+        trainer(tmp_path / "cut").load_checkpoint(newest)
+
+
 def test_no_readable_checkpoint_starts_over(tmp_path: Path) -> None:
     reference = trainer(tmp_path / "full").fit()
     newest = _cut_at_step_6(tmp_path / "cut")
     for folder in (newest, newest.parent / "step-3"):
-        (folder / "trainer.pt").write_bytes(b"not a checkpoint")
+        (folder / "manifest.json").write_bytes(b"not a manifest")
     with pytest.warns(UserWarning, match="damaged checkpoint") as caught:
         result = trainer(tmp_path / "cut").fit()
     assert len(caught) == 2
@@ -477,10 +502,19 @@ def test_no_readable_checkpoint_starts_over(tmp_path: Path) -> None:
 
 def test_a_checkpoint_of_another_step_is_not_trusted(tmp_path: Path) -> None:
     newest = _cut_at_step_6(tmp_path / "cut")
-    older = newest.parent / "step-3" / "trainer.pt"
-    (newest / "trainer.pt").write_bytes(older.read_bytes())
+    shutil.rmtree(newest)
+    shutil.copytree(newest.parent / "step-3", newest)
     with pytest.warns(UserWarning, match="holds step 3, not 6"):
         assert trainer(tmp_path / "cut").fit().resumed_from == 3
+
+
+def test_a_checkpoint_of_the_old_format_is_named_not_deleted(tmp_path: Path) -> None:
+    old = tmp_path / "checkpoints" / "step-4"
+    old.mkdir(parents=True)
+    (old / "trainer.pt").write_bytes(b"an older hopfield's checkpoint")
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {old} was written by hopfield")):
+        trainer(tmp_path).fit()
+    assert (old / "trainer.pt").is_file()
 
 
 def _no_space(*args: Any, **kwargs: Any) -> None:
@@ -496,7 +530,6 @@ def test_a_full_disk_is_one_error_naming_the_file_and_leaves_no_temporary(
 
     def save_until_full(obj: Any, file: Any) -> None:
         real_save(obj, file)
-        file.flush()
         _no_space()
 
     monkeypatch.setattr(torch, "save", save_until_full)
@@ -508,6 +541,25 @@ def test_a_full_disk_is_one_error_naming_the_file_and_leaves_no_temporary(
     with pytest.raises(DiskFullError, match=r"log\.jsonl"):
         run._write_log()
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_failed_write_on_a_full_disk_without_errno_is_a_disk_full_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``torch.save`` given a path reports ENOSPC as a bare ``RuntimeError``; with less than
+    1 MiB left on the file system that failure is read as a full disk."""
+    run = trainer(tmp_path, max_steps=8, checkpoint_every=3)
+
+    def failing_save(obj: Any, file: Any) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc] PytorchStreamWriter failed")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(RuntimeError, match="PytorchStreamWriter"):  # space left: not a full disk
+        run.fit(until_step=3)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 0))
+    with pytest.raises(DiskFullError, match=r"no space left on the device to write .*step-3"):
+        trainer(tmp_path, max_steps=8, checkpoint_every=3).fit(until_step=3)
+    assert not list((tmp_path / "checkpoints").iterdir())
 
 
 def test_betas_and_eps_are_checked() -> None:

@@ -125,9 +125,7 @@ def _parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def _number_type(
-    kind: Callable[[str], float], lowest: float, wanted: str
-) -> Callable[[str], Any]:
+def _number_type(kind: Callable[[str], float], lowest: float, wanted: str) -> Callable[[str], Any]:
     """An argparse ``type``: ``kind(text)`` when it is finite and at least ``lowest``, else an
     error saying ``expected {wanted}``."""
 

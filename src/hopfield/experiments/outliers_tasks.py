@@ -78,6 +78,7 @@ FAMILY_PREFIX = {
     "vit": r"vit\.layers\.{j}",
 }
 
+
 def component_name(family: str, layer: int, component: str) -> str:
     """The module name of ``component`` (a :data:`COMPONENTS` label) in layer ``layer``."""
     prefix = FAMILY_PREFIX[family].format(j=layer).replace("\\", "")
