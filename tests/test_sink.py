@@ -391,24 +391,27 @@ def test_a_learnable_sink_trains_inside_a_hopfield_layer() -> None:
 
 
 def test_the_outlier_benchmarks_sink_logit_attention_is_this_separation() -> None:
-    """SinkLM's ``sink_logit`` map (kept as it is, so that the benchmark's results stay bit for
-    bit) is the learnable per-head Sink, to rounding."""
+    """SinkLM's ``sink_logit`` arm is the learnable per-head Sink: its weights are a softmax over
+    ``[b_h, z]`` without the sink's column (how the benchmark's first records computed the arm),
+    and the sink logits learn."""
     from hopfield.models.sink_lm import SinkAttention, SinkLMConfig
 
     torch.manual_seed(0)
     attention = SinkAttention(SinkLMConfig(20, 10, 8, 1, 2, 16, "sink_logit"))
+    assert isinstance(attention.separation, Sink) and attention.separation.heads == 2
     with torch.no_grad():
-        attention.sink_logit.copy_(torch.tensor([0.5, -1.0]))
+        attention.separation.logit.copy_(torch.tensor([0.5, -1.0]))
     x = torch.randn(3, 6, 8)
     capture: dict[str, Tensor] = {}
-    attention(x, capture)
+    attention(x, capture).square().sum().backward()
     q, k = attention._heads(attention.q_proj(x)), attention._heads(attention.k_proj(x))
     scores = q @ k.transpose(-1, -2) * attention.head_size**-0.5
     masked = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -math.inf)
-    sink = Sink(0.0, learnable=True, heads=2)
-    with torch.no_grad():
-        sink.logit.copy_(attention.sink_logit)
-    torch.testing.assert_close(sink(masked), capture["weights"], atol=1e-6, rtol=0)
+    logit = torch.tensor([0.5, -1.0]).view(1, 2, 1, 1).expand(3, 2, 6, 1)
+    expected = torch.softmax(torch.cat([logit, masked], dim=-1), dim=-1)[..., 1:]
+    torch.testing.assert_close(capture["weights"], expected, atol=1e-6, rtol=0)
+    grad = attention.separation.logit.grad
+    assert grad is not None and bool(grad.ne(0).all())
 
 
 def test_a_sink_on_top_k_with_every_key_is_the_dense_sink() -> None:

@@ -12,9 +12,9 @@ Attention maps (``attention``), every one over causal scores ``z = q kᵀ / √E
 ``softmax1``              Softmax_1 = exp(z) / (1 + Σ exp z) (OutEffHop)
 ``clipped``               clipped softmax of Bondarenko et al. (``clip_gamma``, ``clip_zeta``)
 ``gated``                 softmax, each head's output times a per-token sigmoid gate (Bondarenko)
-``sink_logit``            softmax over ``[b_h, z]`` with a learnable logit ``b_h`` per head whose
-                          weight is dropped (a learnable Softmax_1; gpt-oss's sinks), ``b_h = 0``
-                          at initialisation
+``sink_logit``            :class:`~hopfield.functional.Sink` with a learnable logit ``b_h`` per
+                          head: softmax over ``[b_h, z]`` whose sink weight is dropped (a learnable
+                          Softmax_1; gpt-oss's sinks), ``b_h = 0`` at initialisation
 ``relu``                  ``ReLU(z) / T`` without normalisation (Guo et al.'s ReLU attention; the
                           1/T keeps the output's scale independent of the length)
 ``kv_bias``               softmax over ``[q·k'_h / √E, z]`` with a learnable key ``k'_h`` and value
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hopfield.functional import ClippedSoftmax, Separation, Softmax, SoftmaxN
+from hopfield.functional import ClippedSoftmax, Separation, Sink, Softmax, SoftmaxN
 from hopfield.nn.gates import GatedAttention
 
 __all__ = ["ATTENTIONS", "Capture", "SinkLM", "SinkLMConfig"]
@@ -93,6 +93,8 @@ def _separation(config: SinkLMConfig) -> Separation | None:
         return ClippedSoftmax(gamma=config.clip_gamma, zeta=config.clip_zeta)
     if config.attention in ("softmax", "gated"):
         return Softmax()
+    if config.attention == "sink_logit":
+        return Sink(0.0, learnable=True, heads=config.num_heads)
     return None
 
 
@@ -107,9 +109,7 @@ class SinkAttention(nn.Module):
         self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
         self.separation = _separation(config)
         with torch.random.fork_rng():
-            if self.kind == "sink_logit":
-                self.sink_logit = nn.Parameter(torch.zeros(heads))
-            elif self.kind == "kv_bias":
+            if self.kind == "kv_bias":
                 self.key_bias = nn.Parameter(torch.zeros(heads, self.head_size))
                 self.value_bias = nn.Parameter(torch.zeros(heads, self.head_size))
             elif self.kind == "gated":
@@ -141,9 +141,6 @@ class SinkAttention(nn.Module):
             weights = self.separation(masked)
         elif self.kind == "relu":
             weights = torch.relu(scores) * allowed / length
-        elif self.kind == "sink_logit":
-            logit = self.sink_logit.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-            _, weights = self._with_slot(logit.to(scores.dtype), masked)
         else:  # kv_bias
             extra = (q * self.key_bias[None, :, None, :]).sum(-1, keepdim=True) * scale
             slot, weights = self._with_slot(extra, masked)
