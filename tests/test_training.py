@@ -650,3 +650,47 @@ def test_a_runs_data_workers_reach_every_training_config(tmp_path: Path) -> None
     assert ctx.training_config(max_steps=1, num_workers=1).num_workers == 1  # an experiment's own
     with pytest.raises(SystemExit):
         main(["run", "retrieval-demo", "--preset", "tiny", "--data-workers", "-1"])
+
+
+def _masked_run(out: Path, micro: int, count: bool) -> tuple[list[dict[str, Any]], Tensor]:
+    """Regression on a varying number of kept outputs per example (the first ``k`` of 6,
+    ``k`` = 1..6): the loss is the mean over a micro-batch's kept outputs."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(24, 4, generator=g)
+    examples = [(x[i], x[i].sum().repeat(6), torch.arange(6) < 1 + i % 6) for i in range(24)]
+
+    def masked_loss(model: nn.Module, batch: Any) -> Tensor:
+        inputs, targets, keep = batch
+        error = (model(inputs) - targets) ** 2
+        return error[keep].mean()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 6))
+    settings = dict(max_steps=6, batch_size=12, micro_batch_size=micro, log_every=1)
+    result = Trainer(
+        model,
+        examples,
+        masked_loss,
+        config(**settings, grad_clip=None),
+        out,
+        count_fn=(lambda batch: batch[2].sum()) if count else None,
+        progress=False,
+    ).fit()
+    return result.log, model[2].weight.detach().clone()
+
+
+def test_count_fn_makes_accumulated_masked_losses_the_global_mean(tmp_path: Path) -> None:
+    """With ``count_fn``, micro-batches of 3 accumulated 4 times train and log what one
+    micro-batch of 12 does (the mean over every kept output of the step); without it, the mean
+    of the 4 micro-batch means weighs the outputs differently (the positive control)."""
+    whole_log, whole = _masked_run(tmp_path / "whole", 12, count=True)
+    plain_log, plain = _masked_run(tmp_path / "plain", 12, count=False)
+    assert torch.equal(plain, whole)
+    assert json.dumps(whole_log) == json.dumps(plain_log)  # one micro-batch: weight 1, the same
+    counted_log, counted = _masked_run(tmp_path / "counted", 3, count=True)
+    for a, b in zip(whole_log, counted_log, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(counted, whole, rtol=1e-5, atol=1e-6)
+    _, uncounted = _masked_run(tmp_path / "uncounted", 3, count=False)
+    assert not torch.allclose(uncounted, whole, rtol=1e-4, atol=1e-5)

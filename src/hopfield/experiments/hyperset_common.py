@@ -147,6 +147,7 @@ def train_model(
     grad_clip: float | None = None,
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     eval_every: int = 0,
+    count_fn: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` for ``epochs`` epochs with :class:`hopfield.training.Trainer` in
     ``ctx.out_dir/runs/<name>/`` (log, a checkpoint after every epoch, ``run.json``).
@@ -169,6 +170,8 @@ def train_model(
             applies to weights and normalisation gains, not to biases.
         evaluate: ``evaluate(model) -> metrics`` every ``eval_every`` epochs (``0``: never) and
             after the last (the same numbers on every process).
+        count_fn: the terms ``loss_fn`` averages over in a batch, when their number varies
+            (:class:`~hopfield.training.Trainer`'s ``count_fn``).
 
     Returns:
         ``{"epochs": [{"epoch", "loss", "lr", "seconds", **eval}], "seconds", "steps",
@@ -223,6 +226,7 @@ def train_model(
         collate_fn=lambda indices: collate(torch.as_tensor(indices, dtype=torch.long)),
         evaluate=epoch_end,
         schedule=lambda step: lr_at(step // per_epoch) / lr,
+        count_fn=count_fn,
         progress=ctx.progress,
     )
     try:

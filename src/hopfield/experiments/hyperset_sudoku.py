@@ -231,6 +231,11 @@ def _loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     return blank_loss(model(puzzles), puzzles, solutions)
 
 
+def blank_cells(batch: tuple[Tensor, Tensor]) -> Tensor:
+    """The number of blank cells of a batch's puzzles: the terms :func:`blank_loss` averages."""
+    return (batch[0] == 0).sum()
+
+
 def blank_loss(logits: Tensor, puzzles: Tensor, solutions: Tensor) -> Tensor:
     """Cross-entropy on the blank cells only (givens get the ignore label)."""
     targets = torch.where(puzzles == 0, solutions - 1, torch.full_like(solutions, -100))
@@ -376,7 +381,7 @@ def _train(
         seed=config.seed * 7919 + index, betas=(0.9, 0.95), weight_decay=config.weight_decay,
         lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, 1e-7),
         grad_clip=config.grad_clip, evaluate=evaluate, eval_every=config.eval_every,
-        identity=identity,
+        identity=identity, count_fn=blank_cells,
     )  # fmt: skip
     board, cell = accuracy_per_iteration(
         model, data.test_p, data.test_s, horizon, config.eval_batch_size

@@ -89,6 +89,13 @@ class Trainer:
             at every evaluation step and at the end; the model is put back in training mode.
             It runs on every process with the same weights and must give the same numbers there
             (evaluate a fixed set; randomness from the global RNGs is forked and identical).
+        count_fn: ``count_fn(batch) -> number`` of the terms ``loss_fn`` averages over in a
+            micro-batch (unmasked cells or tokens) when that number varies between
+            micro-batches: each micro-batch's loss (and logged metrics) is then weighted by its
+            share of the step's terms over every micro-batch and process, so that the step
+            minimises the mean over all terms of the global batch whatever the process layout,
+            as one process without accumulation does (``None``: every micro-batch counts the
+            same, the mean of the micro-batch means).
         schedule: ``schedule(step) -> learning-rate factor`` for 0-based optimiser steps,
             replacing ``config.schedule`` (e.g. a per-epoch schedule of a paper).
         accelerator: an existing :class:`accelerate.Accelerator` (default: a new one from
@@ -110,6 +117,7 @@ class Trainer:
         monitor: Sequence[str] = (),
         evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
         schedule: Callable[[int], float] | None = None,
+        count_fn: Callable[[Any], float | int | Tensor] | None = None,
         accelerator: Any = None,
         progress: bool = True,
         trackers: Sequence[Any] = (),
@@ -147,6 +155,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.collate_fn = collate_fn or default_collate
         self.evaluate = evaluate
+        self.count_fn = count_fn
         self.progress = progress
         self.out_dir = Path(out_dir)
         self.monitor = MaxAbsMonitor(model, monitor)
@@ -365,28 +374,45 @@ class Trainer:
         self.model.train()
         return metrics
 
-    def _micro_step(self) -> dict[str, float]:
+    def _weighted_batches(self) -> Iterator[tuple[Any, float]]:
+        """The step's micro-batches on this process, each with the weight of its loss: 1, or
+        with ``count_fn`` its share of the step's terms over every micro-batch and process
+        times ``accumulation × processes`` (the micro-batches are read first to count them)."""
+        accumulation = self.order.accumulation
+        if self.count_fn is None:
+            for _ in range(accumulation):
+                yield self._batch(), 1.0
+            return
+        batches = [self._batch() for _ in range(accumulation)]
+        counts = [float(self.count_fn(batch)) for batch in batches]
+        mean = torch.tensor([sum(counts)], dtype=torch.float64)  # terms per process
+        if self.accelerator.num_processes > 1:
+            mean = all_reduce(mean, "mean")
+        per_process = float(mean.item())
+        for batch, count in zip(batches, counts, strict=True):
+            yield batch, (count * accumulation / per_process if per_process > 0 else 1.0)
+
+    def _micro_step(self, batch: Any, weight: float) -> dict[str, float]:
         """Forward and backward one micro-batch under ``accelerator.accumulate`` (no gradient
         all-reduce but on the last micro-batch of a step; the loss is divided by the
-        accumulation); its loss and metrics."""
+        accumulation) with its loss times ``weight``; its weighted loss and metrics."""
         acc = self.accelerator
-        batch = self._batch()
         with acc.accumulate(self.model), acc.autocast():
             out = self.loss_fn(self.model, batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
             if not isinstance(loss, Tensor) or loss.dim() != 0:
                 raise TypeError("loss_fn must return a scalar Tensor or (scalar Tensor, dict)")
-            acc.backward(loss)
+            acc.backward(loss if weight == 1.0 else loss * weight)
         values = {"loss": float(loss.detach())}
         values.update({k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()})
-        return values
+        return {k: v if weight == 1.0 else v * weight for k, v in values.items()}
 
     def _train_step(self) -> float:
         """One optimiser step over ``accumulation`` micro-batches; the gradient norm."""
         acc, cfg = self.accelerator, self.config
         accumulation = self.order.accumulation
-        for _ in range(accumulation):
-            for name, value in self._micro_step().items():
+        for batch, weight in self._weighted_batches():
+            for name, value in self._micro_step(batch, weight).items():
                 self._sums[name] = self._sums.get(name, 0.0) + value / accumulation
         self._sums["steps"] += 1
         if cfg.grad_clip:
