@@ -30,6 +30,7 @@ from hopfield.nn.hyperset_energy import (
     ATTENTION_KINDS,
     FEEDFORWARD_KINDS,
     FUSED_MIN_TOKENS,
+    FUSED_MIN_TOKENS_HALF_CPU,
     attention_energy,
     attention_energy_of_projections,
     attention_operator,
@@ -249,6 +250,10 @@ def test_fused_bisoftmax_is_chosen_when_safe() -> None:
     assert not bisoftmax_fusable(4.0 * z, 4.0 * z, beta=1 / 8)  # a = 128: e^-a underflows
     assert bisoftmax_fusable(4.0 * z.double(), 4.0 * z.double(), beta=1 / 8)
     assert not bisoftmax_fusable(z, z, beta=0.0)
+    # bfloat16 on the CPU: the explicit form is faster below FUSED_MIN_TOKENS_HALF_CPU tokens
+    assert not bisoftmax_fusable(z.bfloat16(), z.bfloat16(), beta=1 / 8)
+    wide = F.rms_norm(torch.randn(1, 1, FUSED_MIN_TOKENS_HALF_CPU, 8), (8,)).bfloat16()
+    assert bisoftmax_fusable(wide, wide, beta=1 / 8)
     meta = torch.empty(1, 2, n, 64, device="meta")
     assert not bisoftmax_fusable(meta, meta, beta=1 / 8)  # the plan counts the explicit form
     # the automatic choice is the fused path: same values as forcing it
