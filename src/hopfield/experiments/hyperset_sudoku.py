@@ -113,6 +113,7 @@ class Config:
     ff_ratio: float = 4.0
     iterations: int = 24
     time_frequency: int = 512
+    embedding_dropout: float = 0.1  # on X_0, the paper's code (0: runs on any process layout agree)
     epochs: int = 200
     batch_size: int = 16
     lr: float = 1e-4
@@ -212,7 +213,10 @@ def build(config: Config, name: str) -> SudokuModel:
         )
     if name == "et":
         return energy_sudoku_model(
-            d_model=config.d_model, num_heads=config.num_heads, iterations=config.iterations
+            d_model=config.d_model,
+            num_heads=config.num_heads,
+            iterations=config.iterations,
+            embedding_dropout=config.embedding_dropout,
         )
     arch = name if name in ("transformer", "crate") else "hyperset"
     return sudoku_model(
@@ -222,6 +226,7 @@ def build(config: Config, name: str) -> SudokuModel:
         ff_ratio=config.ff_ratio if arch == "hyperset" else 4.0,
         iterations=config.iterations,
         time_frequency=config.time_frequency,
+        embedding_dropout=config.embedding_dropout,
         **VARIANTS.get(name, {}),
     )
 
@@ -298,6 +303,7 @@ def check_config(config: Config) -> None:
     check_ints(config, "threads", minimum=0)
     check_reals(config, "ff_ratio", "lr", low=0.0, low_open=True)
     check_reals(config, "weight_decay", "grad_clip", low=0.0)
+    check_reals(config, "embedding_dropout", low=0.0, high=1.0, high_open=True)
     check_real_items("extrapolation", config.extrapolation, low=0.0, low_open=True)
     if config.d_model % config.num_heads:
         raise ConfigError(
