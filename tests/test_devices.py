@@ -269,6 +269,65 @@ def test_trainer_steps(device: torch.device, dtype: torch.dtype, tmp_path: Path)
     assert any(not torch.equal(params[n].detach(), before[n]) for n in before)
 
 
+def _fp16_trainer(out: Path, overflow_calls: set[int]) -> Any:
+    """A small MLP under fp16 mixed precision with its loss scaler; ``loss_fn`` multiplies the
+    loss of the ``overflow_calls``-th calls (0-based) by 1e30, so that their fp16 gradients
+    overflow and the scaler skips those optimiser steps."""
+    from hopfield.training import Trainer, TrainingConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+    g = torch.Generator().manual_seed(1)
+    x = 0.01 * torch.randn(64, 8, generator=g)  # small losses: no overflow at the initial scale
+    data = list(zip(x, x.sum(1, keepdim=True), strict=True))
+    calls = {"n": 0}
+
+    def loss_fn(model: nn.Module, batch: Any) -> Tensor:
+        inputs, targets = batch
+        loss = (model(inputs).float() - targets).square().mean()
+        factor = 1e30 if calls["n"] in overflow_calls else 1.0
+        calls["n"] += 1
+        return loss * factor
+
+    config = TrainingConfig(
+        max_steps=8, batch_size=16, micro_batch_size=8, lr=1e-3, warmup_steps=4,
+        schedule="constant", log_every=1, checkpoint_every=2, mixed_precision="fp16",
+    )  # fmt: skip
+    return Trainer(model, data, loss_fn, config, out, progress=False)
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_fp16_loss_scaler_skips_overflowing_steps_and_resumes(
+    device: torch.device, tmp_path: Path
+) -> None:
+    """fp16 with accelerate's GradScaler (issue 30, item 5): a step whose gradients overflow is
+    skipped (weights and schedule stay; the scale halves), the scaler's state is checkpointed
+    (``scaler.pt``), and a run stopped after step 4 and resumed ends where an uninterrupted one
+    does."""
+    if device.type != "cuda":
+        pytest.skip("fp16 mixed precision with its loss scaler needs a GPU")
+    from accelerate.state import AcceleratorState
+
+    whole = _fp16_trainer(tmp_path / "whole", {2})  # micro-batch 2 = step 1's first
+    result = whole.fit()
+    lrs = [record["lr"] for record in result.log]
+    # warm-up factors 0, 1/4, 1/4 (step 2 repeats: step 1 was skipped), 2/4, ...
+    assert lrs[:4] == pytest.approx([0.0, 2.5e-4, 2.5e-4, 5e-4])
+    scaler = whole.accelerator.scaler
+    assert scaler is not None and scaler.get_scale() < 65536.0
+    assert (tmp_path / "whole" / "checkpoints" / "step-8" / "scaler.pt").is_file()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    _fp16_trainer(tmp_path / "parts", {2}).fit(until_step=4)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    resumed_trainer = _fp16_trainer(tmp_path / "parts", set())  # the overflow lies before
+    resumed = resumed_trainer.fit()
+    assert resumed.resumed_from == 4
+    assert resumed_trainer.accelerator.scaler.get_scale() == scaler.get_scale()
+    assert [r["lr"] for r in resumed.log] == lrs
+    for name, value in resumed_trainer.unwrapped.state_dict().items():
+        torch.testing.assert_close(value, whole.unwrapped.state_dict()[name], rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the native kernels looked up while the test runs."""
