@@ -123,7 +123,10 @@ with torch.set_grad_enabled(backward):
     if backward:
         out.sum().backward()
 cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start_wall
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, the peak of this process's own memory map: ru_maxrss keeps the parent's peak across
+# fork and exec (Linux), so a big benchmark process would lend every case its own peak
+with open("/proc/self/status") as handle:
+    peak = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) * 1024
 print(json.dumps({"growth_mib": max(0, peak - before) / 2**20, "cpu_s": cpu, "wall_s": wall}))
 """
 

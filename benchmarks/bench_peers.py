@@ -326,9 +326,29 @@ def render_section(record: dict[str, Any]) -> str:
         f"{record['load']} busy processes).",
         "",
         markdown(record["rows"]),
+        *_memory_lines(record.get("memory") or []),
         END,
     ]
     return "\n".join(lines)
+
+
+def _memory_lines(memory: list[dict[str, Any]]) -> list[str]:
+    """A sentence on the ``--memory`` rows (peak resident-memory growth), if the record has
+    them."""
+    if not memory:
+        return []
+    parts = []
+    for model in dict.fromkeys(str(row["model"]) for row in memory):
+        rows = [r for r in memory if r["model"] == model]
+        growth = " / ".join(f"{float(r['growth_mib']):.0f}" for r in rows)
+        passes = " / ".join("fwd+bwd" if r["backward"] else "fwd" for r in rows)
+        parts.append(f"{model} {growth} MiB ({passes})")
+    first = memory[0]
+    return [
+        "",
+        f"Peak resident-memory growth at L = S = {first['length']} (B 1, H {first['heads']}, "
+        f"E {first['dim']}, one subprocess per case): " + "; ".join(parts) + ".",
+    ]
 
 
 def render_into(record_path: Path, readme: Path | None) -> str:

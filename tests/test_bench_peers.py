@@ -75,3 +75,25 @@ def test_render_refuses_a_readme_without_markers_and_a_foreign_record(tmp_path: 
     foreign.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="'date'"):
         bench_peers.render_into(foreign, None)
+
+
+def test_the_readme_speed_table_is_rendered_from_the_committed_record() -> None:
+    record = json.loads((BENCHMARKS / "records" / "bench_peers.json").read_text())
+    section = bench_peers.render_section(record)
+    assert section in (ROOT / "README.md").read_text(), (
+        "README.md's bench_peers section differs from benchmarks/records/bench_peers.json: "
+        "python benchmarks/bench_peers.py --render benchmarks/records/bench_peers.json "
+        "--readme README.md"
+    )
+
+
+def test_the_memory_rows_become_one_sentence(tmp_path: Path) -> None:
+    record = json.loads(_smoke_record(tmp_path).read_text())
+    record["memory"] = [
+        {"model": m, "length": 16384, "heads": 1, "dim": 64, "backward": b, "growth_mib": g}
+        for m, b, g in [("sparsemax", False, 124.4), ("sparsemax", True, 137.4),
+                        ("topk64", False, 72.3), ("topk64", True, 80.3)]
+    ]  # fmt: skip
+    section = bench_peers.render_section(record)
+    assert "L = S = 16384 (B 1, H 1, E 64" in section
+    assert "sparsemax 124 / 137 MiB (fwd / fwd+bwd); topk64 72 / 80 MiB" in section
