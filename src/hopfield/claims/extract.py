@@ -877,6 +877,53 @@ def efficiency_time(models: Sequence[str], rival: str, *, mode: str = "layer") -
     return empirical(read)
 
 
+def efficiency_slopes(models: Sequence[str], rival: str, *, mode: str = "layer") -> Extractor:
+    """The growth of forward CPU time with the number of memories: per ``d`` and model, the
+    least-squares slope of log time on log ``L`` over the larger half of the memory sizes (the
+    points the model and ``rival`` both ran), one slope per repeated timing (the replicates:
+    repeat ``i`` of every point), against ``rival``'s slopes (dense: quadratic, about 2)."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        points = record.side("measurements.json")["points"]
+        series: dict[tuple[str, str], dict[int, list[float]]] = {}
+        for key, p in points.items():
+            p_mode, d, model, size = key.split("|")
+            if p_mode == mode and not p.get("skipped"):
+                samples = p.get("cpu_samples") or [p["cpu_seconds"]]
+                series.setdefault((d, model), {})[int(size)] = [float(t) for t in samples]
+        sizes = sorted({size for runs in series.values() for size in runs})
+        upper = set(sizes[len(sizes) // 2 :])
+
+        def slopes(runs: dict[int, list[float]], kept: list[int]) -> Samples:
+            x = [math.log(size) for size in kept]
+            repeats = min(len(runs[size]) for size in kept)
+            return {
+                f"repeat {i}": _slope(x, [math.log(runs[s][i]) for s in kept])
+                for i in range(repeats)
+            }
+
+        found = []
+        for (d, model), runs in sorted(series.items()):
+            other = series.get((d, rival))
+            if model == rival or other is None or not model.startswith(tuple(models)):
+                continue
+            kept = sorted(upper & runs.keys() & other.keys())
+            if len(kept) >= 3:
+                found.append(pair(f"{rival} at d={d} (slope of log CPU s in log L)",
+                                  slopes(runs, kept), slopes(other, kept), model))  # fmt: skip
+        return found
+
+    return empirical(read)
+
+
+def _slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """The least-squares slope of ``y`` on ``x``."""
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum(
+        (a - mx) ** 2 for a in x
+    )
+
+
 def _probability(model: str) -> float:
     return float(model.split("-", 1)[1])
 
