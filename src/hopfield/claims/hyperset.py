@@ -23,11 +23,21 @@ __all__ = ["CLAIMS"]
 PAPER = "hyperset"
 
 
-def _params(id: str, location: str, what: str, paper: float, experiment: str, model: str) -> Claim:
-    """A parameter count printed in millions with two decimals (tolerance half a unit)."""
+def _params(
+    id: str,
+    location: str,
+    what: str,
+    paper: float,
+    experiment: str,
+    model: str,
+    decimals: int = 2,
+) -> Claim:
+    """A parameter count printed in millions with ``decimals`` decimals (tolerance half a unit
+    of the last one)."""
     return Claim(
-        id, PAPER, location, f"{what} has {paper / 1e6:.2f} M parameters.", paper, "parameters",
-        "equal", "exact", experiment, hyperset_params(model), tolerance=0.005e6, planned=model,
+        id, PAPER, location, f"{what} has {paper / 1e6:.{decimals}f} M parameters.", paper,
+        "parameters", "equal", "exact", experiment, hyperset_params(model),
+        tolerance=0.5 * 10.0 ** (6 - decimals), planned=model,
     )  # fmt: skip
 
 
@@ -50,6 +60,17 @@ PARAMETERS = [
             "hyperset-images", "et"),
     _params("HS-T2-params-mim", "Table 2", "The MIM Hyper-SET", 3.94e6, "hyperset-mim",
             "hyperset"),
+    _params("HS-T20-params-transformer", "Table 20, App. G.2",
+            "The CIFAR-10 Transformer of width 1152", 16.0e6, "hyperset-images",
+            "transformer-d1152", decimals=1),
+    _params("HS-T20-params-crate", "Table 20, App. G.2", "The CIFAR-10 CRATE of width 1152",
+            4.1e6, "hyperset-images", "crate-d1152", decimals=1),
+    _params("HS-T20-params-et", "Table 20, App. G.2",
+            "The CIFAR-10 Energy Transformer of width 1152", 8.0e6, "hyperset-images",
+            "et-d1152", decimals=1),
+    _params("HS-T20-params-hyperset", "Table 20, App. G.2",
+            "The CIFAR-10 Hyper-SET of width 1536", 14.3e6, "hyperset-images", "hyperset-d1536",
+            decimals=1),
     _params("HS-T2-params-mim-transformer", "Table 2", "The MIM Transformer", 8.85e6,
             "hyperset-mim", "transformer"),
 ]  # fmt: skip
