@@ -105,7 +105,7 @@ def _one_process(out: Path, *args: str) -> dict[str, Any]:
     return _result(out)
 
 
-def test_three_processes_follow_one_and_resume_bitwise(tmp_path: Path) -> None:
+def test_three_processes_follow_one_and_resume_to_float_rounding(tmp_path: Path) -> None:
     """A global batch of 12 over 3 processes with micro-batches of 2 (2 accumulated each): the
     loss curve of one process with the same batch; stopped after step 7 and resumed, the
     weights and the log of the uninterrupted 3-process run to float rounding (not bitwise: a
