@@ -63,23 +63,33 @@ def whole_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("alpha", [2.0, 1.5])
 @pytest.mark.parametrize("first_k", [None, 1, 3])
-def test_partial_sort_equals_full_sort_exactly(
+def test_partial_sort_equals_full_sort(
     whole_rows: Callable[[], None],
     monkeypatch: pytest.MonkeyPatch,
     dtype: torch.dtype,
     alpha: float,
     first_k: int | None,
 ) -> None:
+    """Exactly where the partial sorts complete (the same prefix sums of the same sorted
+    values); to rounding where a row's support looks too large for the next partial sort and
+    Newton's method takes the whole row (:func:`separation._flat`)."""
     # first_k 1 or 3: almost every row is retried (k -> 8k -> 64k -> the whole row)
     z = mixed_rows(64, 700, dtype)
     if first_k is not None:
         monkeypatch.setattr(sep_module, "_FIRST_K_SPARSEMAX", first_k)
         monkeypatch.setattr(sep_module, "_FIRST_K_ENTMAX15", first_k)
     fast = forward_backward(entmax, z, alpha)
+    with monkeypatch.context() as sorts_only:
+        never = lambda x, alpha, grown: torch.zeros_like(x[:, :1], dtype=torch.bool)  # noqa: E731
+        sorts_only.setattr(sep_module, "_flat", never)
+        sorted_path = forward_backward(entmax, z, alpha)
     whole_rows()
     full = forward_backward(entmax, z, alpha)
-    for got, want in zip(fast, full, strict=True):
-        assert torch.equal(got, want)
+    tolerance = 1e-12 if dtype == torch.float64 else 2e-6
+    for got, exact, want in zip(fast, sorted_path, full, strict=True):
+        assert torch.equal(exact, want)
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+        assert torch.equal(got == 0, want == 0)  # the same exact zeros
     support = (fast[0] > 0).sum(-1)
     assert int(support.max()) > 64 and int(support.min()) == 0  # retries and a masked row
 
@@ -225,3 +235,30 @@ def test_gradcheck_near_alpha_one(alpha: float) -> None:
     z = torch.randn(3, 12, generator=torch.Generator().manual_seed(6), dtype=torch.float64) * 3
     a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
     assert gradcheck(lambda x, b: entmax(x, b), (z.requires_grad_(True), a), atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5])
+def test_flat_rows_take_newton_on_the_whole_row_and_match_the_oracle(
+    monkeypatch: pytest.MonkeyPatch, alpha: float
+) -> None:
+    """Rows of nearly equal scores keep most keys: after the first partial sort the threshold
+    comes from Newton's method on the unsorted rows (no second partial sort, no full sort),
+    equal to the float64 oracle to rounding, with the same exact zeros."""
+    calls: list[int] = []
+    newton = sep_module._newton_threshold
+
+    def spy(d: Tensor, *args: object) -> tuple[Tensor, Tensor]:
+        calls.append(d.shape[-1])
+        return newton(d, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sep_module, "_newton_threshold", spy)
+    gen = torch.Generator().manual_seed(3)
+    z = 1e-3 * torch.randn(32, 1024, generator=gen, dtype=torch.float64)
+    z[0, :500] = -math.inf  # a masked half: outside the support, exactly 0
+    p = entmax(z, alpha)
+    assert calls == [1024]  # one Newton solve, on the whole rows
+    oracle = ref_sparsemax if alpha == 2.0 else (lambda r: ref_entmax(r, 1.5))
+    expected = torch.from_numpy(ref_masked(oracle, z.numpy()))
+    torch.testing.assert_close(p, expected, atol=1e-12, rtol=1e-12)
+    assert bool((p[0, :500] == 0).all())  # masked keys: exact zeros
+    assert int((p[1:] > 0).sum(-1).min()) > 512  # supports no partial sort of 8 x 64 holds

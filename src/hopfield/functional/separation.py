@@ -348,7 +348,11 @@ class Polynomial(Separation):
 # computed from a partial sort (torch.topk) of the k largest scores. The sort-based rules tell
 # whether the support is smaller than k: then the threshold is exactly the one of a full sort
 # (the same prefix sums of the same sorted values); rows where it may be larger are done again
-# with 8k, then with a full sort. The weights take three to six elementwise passes over the row.
+# with 8k, then with a full sort, unless a row's k-th largest score says that its support will
+# not fit 8k either (nearly flat rows, :func:`_flat`): then Newton's method on the whole,
+# unsorted rows gives the threshold to rounding, without any further sort (flat 8192 x 1024
+# rows: 0.46x the time of the sorts, 0.50x the entmax package's, loaded 2-core machine).
+# The weights take three to six elementwise passes over the row.
 # --------------------------------------------------------------------------------------------
 
 # After the shift by the row maximum, the threshold lies in [-1, 0): entries at -2 are always zero.
@@ -475,11 +479,13 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
     peak = z.new_empty(rows, 1)
     tau = z.new_empty(rows, 1)
     todo: Tensor | None = None  # the rows still to do (None: all of them)
+    flat = False  # rows with a support too large for partial sorts: Newton on the whole rows
     while True:
         part = z if todo is None else z.index_select(0, todo)
         part_coef = coef if coef.dim() == 0 or todo is None else coef.index_select(0, todo)
         whole = k == size
-        if whole and not exact:  # Newton needs no order
+        newton = not exact or (whole and flat)
+        if whole and newton:  # Newton needs no order
             top = part
             top_peak = part.amax(dim=-1, keepdim=True)
         else:
@@ -488,16 +494,18 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
         valid = top_peak != -math.inf
         top_peak = torch.where(valid, top_peak, torch.zeros_like(top_peak))
         x = top - top_peak
-        if exact:
+        if exact and not newton:
             if alpha == 1.5:
                 x = x.mul_(0.5)
             x = x.clamp_min_(_OUTSIDE)  # -inf (masked) to -2: outside any support, no inf
-        if alpha == 2.0:
-            part_tau, complete = _sparsemax_threshold(x, whole)
-        elif alpha == 1.5:
-            part_tau, complete = _entmax15_threshold(x, whole)
-        else:  # Newton clamps its gaps itself
+        if newton:  # Newton clamps its gaps itself
             part_tau, complete = _newton_threshold(x, part_coef, iterations, whole)
+            if exact:  # back to the sort-based units: [coef · d - tau]_+ ^ (1 / coef)
+                part_tau = part_tau.mul_(part_coef).sub_(1.0)
+        elif alpha == 2.0:
+            part_tau, complete = _sparsemax_threshold(x, whole)
+        else:
+            part_tau, complete = _entmax15_threshold(x, whole)
         part_tau = torch.where(valid, part_tau, torch.full_like(part_tau, math.inf))
         if todo is None:
             peak, tau = top_peak, part_tau
@@ -511,7 +519,20 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
             return peak, tau
         found = again.nonzero().squeeze(-1)
         todo = found if todo is None else todo.index_select(0, found)
-        k = size if 2 * _GROWTH * k >= size else _GROWTH * k
+        grown = _GROWTH * k
+        flat = exact and bool(_flat(x, alpha, grown).index_select(0, found).any())
+        k = size if flat or 2 * grown >= size else grown
+
+
+def _flat(x: Tensor, alpha: float, grown: int) -> Tensor:
+    """Rows ``(R, 1)`` of the shifted top scores ``x (R, k)`` (descending, the sort-based
+    thresholds' units) whose ``k``-th largest lies above the threshold a flat support of
+    ``grown`` entries would have (``-1/grown`` for sparsemax, ``-1/√grown`` for 1.5-entmax):
+    their support very likely exceeds ``grown`` too: the threshold is then found by Newton's
+    method on the whole, unsorted rows (one step once every entry is inside the support),
+    cheaper than the sorts (the decision is about speed only; both are exact to rounding)."""
+    bound = 1.0 / grown if alpha == 2.0 else grown**-0.5
+    return x[:, -1:] > -bound
 
 
 def _log1p_curvature(y: Tensor) -> Tensor:
