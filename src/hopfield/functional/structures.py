@@ -397,20 +397,7 @@ class _FlashSink(torch.autograd.Function):
         is_causal: bool,
         scale: float,
     ) -> Tensor:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
-        )
-        abstained = None
-        if sink is not None:
-            if mask is not None:  # the kernel gives lse = 0 to a fully masked row: it has none
-                blocked = (mask == -math.inf).all(dim=-1)
-                lse = lse.masked_fill(blocked.expand_as(lse), -math.inf)
-            augmented = torch.logaddexp(lse, sink.to(lse.dtype).expand_as(lse))
-            out.mul_(torch.exp(lse - augmented).unsqueeze(-1).to(out.dtype))  # the kernel's buffer
-            abstained = torch.exp(sink.to(lse.dtype) - augmented).unsqueeze(-1)
-            if value_sink is not None:
-                out.add_((abstained * value_sink.to(lse.dtype)).to(out.dtype))
-            lse = augmented
+        out, lse, abstained = _flash_sink_forward(q, k, v, sink, value_sink, mask, is_causal, scale)
         ctx.save_for_backward(q, k, v, out, lse, mask, sink, value_sink, abstained)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
@@ -431,6 +418,34 @@ class _FlashSink(torch.autograd.Function):
             grad_value = (abstained * grad.to(lse.dtype)).sum_to_size(value_sink.shape)
             grad_value = grad_value.to(value_sink.dtype)
         return (*grads, grad_sink, grad_value, None, None, None)
+
+
+def _flash_sink_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sink: Tensor | None,
+    value_sink: Tensor | None,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:class:`_FlashSink`'s forward pass: ``(out, lse of the augmented scores, p_s)``."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+    )
+    abstained = None
+    if sink is not None:
+        if mask is not None:  # the kernel gives lse = 0 to a fully masked row: it has none
+            blocked = (mask == -math.inf).all(dim=-1)
+            lse = lse.masked_fill(blocked.expand_as(lse), -math.inf)
+        augmented = torch.logaddexp(lse, sink.to(lse.dtype).expand_as(lse))
+        out.mul_(torch.exp(lse - augmented).unsqueeze(-1).to(out.dtype))  # the kernel's buffer
+        abstained = torch.exp(sink.to(lse.dtype) - augmented).unsqueeze(-1)
+        if value_sink is not None:
+            out.add_((abstained * value_sink.to(lse.dtype)).to(out.dtype))
+        lse = augmented
+    return out, lse, abstained
 
 
 def _flash_inputs(
@@ -455,6 +470,9 @@ def _flash_softmax_n(
 ) -> Tensor:
     q, scale, mask, is_causal = _flash_inputs(q, scale, mask, causal, k.shape[-2])
     sink = torch.full((), math.log(n), dtype=torch.float64) if n > 0 else None
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # inference: the same kernel calls without the autograd function's bookkeeping
+        return _flash_sink_forward(q, k, v, sink, None, mask, is_causal, scale)[0]
     out: Tensor = _FlashSink.apply(q, k, v, sink, None, mask, is_causal, scale)
     return out
 
