@@ -49,16 +49,21 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path | None:
     return Path(env) if env else None
 
 
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in blocks of 1 MiB (no cache: every call reads the file)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def sha256_of(path: Path) -> str:
     """SHA-256 of a file, cached per (path, mtime, size) for the life of the process."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_mtime, stat.st_size)
     if key not in _VERIFIED:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _VERIFIED[key] = digest.hexdigest()
+        _VERIFIED[key] = file_sha256(path)
     return _VERIFIED[key]
 
 

@@ -4,7 +4,6 @@ folders."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -13,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from hopfield.data.files import file_sha256
 
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -94,14 +95,6 @@ class DamagedCheckpoint(Exception):
         self.path = path
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files_of(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
@@ -111,7 +104,7 @@ def write_manifest(folder: Path, facts: Mapping[str, Any]) -> None:
     checkpoint folder, and ``facts`` (step, process count, precision, ...). Written last, it
     marks the folder complete."""
     files = {
-        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files_of(folder)
     }
     text = json.dumps({"format": _FORMAT, "facts": dict(facts), "files": files}, indent=1)
@@ -137,7 +130,7 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
         size = path.stat().st_size
         if size != recorded["bytes"]:
             raise DamagedCheckpoint(path, f"{size} bytes, the manifest says {recorded['bytes']}")
-        if _sha256(path) != recorded["sha256"]:
+        if file_sha256(path) != recorded["sha256"]:
             raise DamagedCheckpoint(path, "its SHA-256 differs from the manifest's")
     extra = [str(p.relative_to(folder)) for p in _files_of(folder)]
     unknown = sorted(set(extra) - set(files))
