@@ -19,6 +19,7 @@ from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 from hopfield.claims.verdict import PREMISE_ABSENT, TOY_STAND_IN
 from hopfield.models.stanhop import figure_layer
 from hopfield.outliers.metrics import COMPONENTS
+from hopfield.stats import fit_slope
 
 __all__ = [
     "benchmark_pairs",
@@ -895,12 +896,11 @@ def efficiency_slopes(models: Sequence[str], rival: str, *, mode: str = "layer")
         upper = set(sizes[len(sizes) // 2 :])
 
         def slopes(runs: dict[int, list[float]], kept: list[int]) -> Samples:
-            x = [math.log(size) for size in kept]
             repeats = min(len(runs[size]) for size in kept)
-            return {
-                f"repeat {i}": _slope(x, [math.log(runs[s][i]) for s in kept])
-                for i in range(repeats)
+            found = {
+                f"repeat {i}": fit_slope(kept, [runs[s][i] for s in kept]) for i in range(repeats)
             }
+            return {unit: slope for unit, slope in found.items() if slope is not None}
 
         found = []
         for (d, model), runs in sorted(series.items()):
@@ -914,14 +914,6 @@ def efficiency_slopes(models: Sequence[str], rival: str, *, mode: str = "layer")
         return found
 
     return empirical(read)
-
-
-def _slope(x: Sequence[float], y: Sequence[float]) -> float:
-    """The least-squares slope of ``y`` on ``x``."""
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum(
-        (a - mx) ** 2 for a in x
-    )
 
 
 def _probability(model: str) -> float:

@@ -32,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ from hopfield.functional.efficient_kernel import Linear, RandomFeatures
 from hopfield.functional.separation import Separation
 from hopfield.functional.structures import Dense, Structure
 from hopfield.nn import Hopfield
+from hopfield.stats import fit_slope
 
 # Window sizes of the official efficiency script (the paper text uses 16 for L = 720).
 PAPER_WINDOWS = {24: 4, 48: 6, 96: 8, 192: 12, 336: 14, 720: 18, 1440: 30, 2880: 48}
@@ -410,17 +411,6 @@ def forward_function(
 
         return full_layer
     raise ValueError(f"mode must be 'association' or 'layer', got {mode!r}")
-
-
-def fit_slope(sizes: Sequence[float], values: Sequence[float]) -> float | None:
-    """Least-squares slope of ``log value`` against ``log size`` (``None`` below two points)."""
-    points = [(math.log(s), math.log(v)) for s, v in zip(sizes, values, strict=True) if v > 0]
-    if len(points) < 2:
-        return None
-    mx = sum(p[0] for p in points) / len(points)
-    my = sum(p[1] for p in points) / len(points)
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
 
 
 def _key(mode: str, dim: int, name: str, length: int) -> str:

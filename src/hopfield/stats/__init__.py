@@ -13,6 +13,7 @@ from hopfield.stats.paired import (
     exact_verdict,
     sign_flip_p,
 )
+from hopfield.stats.slopes import fit_slope
 
 __all__ = [
     "ALPHA",
@@ -21,5 +22,6 @@ __all__ = [
     "PairedComparison",
     "compare_paired",
     "exact_verdict",
+    "fit_slope",
     "sign_flip_p",
 ]
