@@ -37,6 +37,7 @@ from hopfield.functional.structures import (
     explicit_association,
     flash_sink,
     sdpa_sink,
+    sink_inputs,
     with_causal,
 )
 
@@ -121,11 +122,7 @@ def flex_sink(
     log-sum-exp in torch 2.13)."""
     batch, heads, length = q.shape[:3]
     size = k.shape[-2]
-    logit, value_sink = sink.sink_logit(q), sink.value_sink(q, v.shape[-1])
-    if isinstance(scale, Tensor):
-        q, scale = q * scale, 1.0
-    if causal:
-        mask = with_causal(mask, length, size, q.device)
+    q, scale, mask, logit, value_sink = sink_inputs(q, k, v, sink, scale, mask, causal)
     bias = None
     if mask is not None:
         zeros = q.new_zeros(batch, heads, length, size)

@@ -491,6 +491,21 @@ def flash_sink(
     return out
 
 
+def sink_inputs(
+    q: Tensor, k: Tensor, v: Tensor, sink: Sink, scale: Scale, mask: Tensor | None, causal: bool
+) -> tuple[Tensor, float, Tensor | None, Tensor, Tensor | None]:
+    """What the SDPA and FlexAttention sink paths start from: ``(q, scale, mask, logit,
+    value_sink)`` with a tensor scale folded into ``q``, the causal rule into the mask, the
+    sink logit (``()`` or ``(H, 1, 1)``) and the value sink (or ``None``) in the scores'
+    dtype."""
+    logit, value_sink = sink.sink_logit(q), sink.value_sink(q, v.shape[-1])
+    if isinstance(scale, Tensor):
+        q, scale = q * scale, 1.0
+    if causal:
+        mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+    return q, scale, mask, logit, value_sink
+
+
 def sdpa_sink(
     q: Tensor,
     k: Tensor,
@@ -507,12 +522,7 @@ def sdpa_sink(
     logit whatever the scale; arguments as :meth:`Dense.forward`."""
     batch, heads, length = q.shape[:3]
     size = k.shape[-2]
-    logit = sink.sink_logit(q)
-    value_sink = sink.value_sink(q, v.shape[-1])
-    if isinstance(scale, Tensor):
-        q, scale = q * scale, 1.0
-    if causal:
-        mask = with_causal(mask, length, size, q.device)
+    q, scale, mask, logit, value_sink = sink_inputs(q, k, v, sink, scale, mask, causal)
     if mask is None:
         bias = q.new_zeros(1, 1, 1, 1)
     elif mask.dtype == torch.bool:
