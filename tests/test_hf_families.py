@@ -209,3 +209,41 @@ def test_learned_sinks_replace_the_fixed_sink_logit() -> None:
     torch.testing.assert_close(at_zero, plain)
     with pytest.raises(ValueError, match="one per query head"):
         attention_forward("softmax1", module, q, k, v, allowed, s_aux=torch.zeros(2))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_model_loaded_through_auto_and_saved_again_keeps_the_variant(
+    tmp_path: Path, family: str
+) -> None:
+    """transformers consumes ``attn_implementation`` when it reads config.json; the registered
+    attention function writes it back at its first call, so the re-saved checkpoint restores."""
+    model = decoder(family, "softmax1")
+    model.save_pretrained(tmp_path / "first")
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path / "first").eval()
+    assert "attn_implementation" not in auto.config.to_dict()  # what transformers leaves
+    expected = logits(auto)
+    auto.save_pretrained(tmp_path / "second")
+    saved = json.loads((tmp_path / "second" / "config.json").read_text())
+    assert saved["attn_implementation"] == "hopfield_softmax1"
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "second").eval()
+    assert again.config._attn_implementation == "hopfield_softmax1"
+    torch.testing.assert_close(logits(again), expected, rtol=0, atol=1e-6)
+
+
+def test_a_re_saved_checkpoint_without_a_forward_pass_restores_through_the_argument(
+    tmp_path: Path,
+) -> None:
+    """Saved again before any forward pass, the checkpoint lacks the key: the documented argument
+    (and load_model) restore the variant."""
+    model = decoder("llama", "softmax1")
+    model.save_pretrained(tmp_path / "first")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "first").save_pretrained(tmp_path / "second")
+    assert "attn_implementation" not in json.loads(
+        (tmp_path / "second" / "config.json").read_text()
+    )
+    restored = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "second", attn_implementation="hopfield_softmax1"
+    ).eval()
+    torch.testing.assert_close(logits(restored), logits(model), rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits(load_model(tmp_path / "second").eval()), logits(model),
+                               rtol=0, atol=1e-5)  # fmt: skip

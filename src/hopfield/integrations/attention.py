@@ -394,14 +394,30 @@ def attention_forward(
 
 
 def _named(variant: str) -> Callable[..., tuple[Tensor, Tensor | None]]:
+    name = attention_name(variant)
+
     def forward(
         module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor | None]:
+        _keep_saved_name(getattr(module, "config", None), name)
         return attention_forward(variant, module, query, key, value, *args, **kwargs)
 
     forward.__name__ = forward.__qualname__ = f"{PREFIX}{variant}_attention_forward"
     forward.__doc__ = f"``{variant}`` attention (see :func:`attention_forward`)."
     return forward
+
+
+def _keep_saved_name(config: Any, name: str) -> None:
+    """Set ``config.attn_implementation`` to ``name`` when the model runs with it and the key is
+    missing. ``transformers`` consumes the key when it reads a ``config.json`` (a model loaded
+    through ``AutoModel*.from_pretrained`` keeps only ``config._attn_implementation``), so without
+    this a checkpoint saved again from such a model would come back as ``sdpa``."""
+    if (
+        config is not None
+        and getattr(config, "_attn_implementation", None) == name
+        and getattr(config, SAVED_KEY, None) != name
+    ):
+        setattr(config, SAVED_KEY, name)
 
 
 #: The attention function of each registered name (``hopfield_<variant>``).
