@@ -262,3 +262,22 @@ def test_flat_rows_take_newton_on_the_whole_row_and_match_the_oracle(
     torch.testing.assert_close(p, expected, atol=1e-12, rtol=1e-12)
     assert bool((p[0, :500] == 0).all())  # masked keys: exact zeros
     assert int((p[1:] > 0).sum(-1).min()) > 512  # supports no partial sort of 8 x 64 holds
+
+
+def test_alpha_gradient_is_finite_where_a_weight_rounds_to_the_support_edge() -> None:
+    """A weight so small that ``p^(alpha-1)`` rounds to 0 in float32 (a key at the edge of the
+    support) gave a NaN alpha gradient (``0 · inf``) and stopped a STanHop-Net training run."""
+    alpha = 1.2
+    edge = torch.tensor(-1.0 / (alpha - 1))
+    second = edge + torch.arange(-400, 400) * 1.2e-7  # the second key's score, in ulps around it
+    scores = torch.stack([torch.zeros_like(second), second], -1)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        a = torch.tensor(alpha, dtype=dtype, requires_grad=True)
+        weights = entmax(scores.to(dtype), a.expand(len(second), 1))
+        assert ((weights[:, 1] > 0) & (weights[:, 1] < 1e-30)).any()  # the case is present
+        weights[:, 1].sum().backward()
+        assert a.grad is not None
+        grads.append(a.grad)
+    assert torch.isfinite(grads[0])
+    torch.testing.assert_close(grads[0].double(), grads[1], rtol=1e-3, atol=1e-6)

@@ -553,11 +553,13 @@ def _alpha_curvature(p: Tensor, coef: Tensor) -> Tensor:
     the ``s``-weighted mean of ``B``. This is ``(-p log p + s (z - dtau/dalpha)) / coef`` with the
     ``O(coef)`` cancellation of that form done analytically: near ``alpha = 1`` (and for large
     scores) the direct form loses ``|z| / coef`` ulps; ``B -> -u² / 2`` in the softmax limit.
+    A weight so small that ``y`` rounds to -1 takes the limit ``B = -u²`` (``(1 + y) log1p(y)
+    -> 0``), not ``0 · inf``.
     """
     inside = p > 0
     y = torch.expm1(coef * torch.log(torch.where(inside, p, torch.ones_like(p))))
     u = y / coef
-    bent = _log1p_curvature(y).mul_(y + 1).sub_(1)
+    bent = _log1p_curvature(torch.where(y > -1, y, torch.zeros_like(y))).mul_(y + 1).sub_(1)
     return torch.where(inside, u * u * bent, torch.zeros_like(p))
 
 
