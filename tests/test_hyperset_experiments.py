@@ -367,3 +367,34 @@ def test_trajectory_table_and_energy_trends() -> None:
     trends = energy_trend_metrics(rows)
     assert trends["e_attn_slope"] > 0 and trends["e_ff_slope"] < 0
     assert trends["e_ff_fraction_decreasing"] == 1.0
+
+
+def test_images_replicates_reuse_the_first_seed_and_pair_by_seed(tmp_path: Path) -> None:
+    """``seeds=2`` adds a second run of each model (key ``<model>.seed1``, seed + 1) and keeps the
+    one-seed run as the first replicate; the ledger pairs two models' runs by seed."""
+    from hopfield.claims.claim import NotTested
+    from hopfield.claims.extract import hyperset_accuracy, hyperset_subspace_change
+    from hopfield.claims.records import ExperimentRecord
+
+    two = {**ONE_MODEL, "models": '["hyperset", "et"]'}
+    run_experiment("hyperset-images", "tiny", tmp_path, progress=False, overrides=two)
+    first = runs_of(tmp_path, "hyperset-images")
+    path = run_experiment("hyperset-images", "tiny", tmp_path, progress=False,
+                          overrides={**two, "seeds": "2"})  # fmt: skip
+    runs = runs_of(tmp_path, "hyperset-images")
+    assert list(runs) == ["hyperset", "et", "hyperset.seed1", "et.seed1"]
+    assert {n: _untimed(runs[n]) for n in first} == {n: _untimed(r) for n, r in first.items()}
+    assert runs["hyperset.seed1"]["identity"]["replicate"] == 1
+    assert _untimed(runs["hyperset.seed1"]) != _untimed(runs["hyperset"])
+    tables, _ = _tables(path)
+    replicates = tables["Top-1 accuracy over the replicates"]["rows"]
+    assert [row[:2] for row in replicates] == [["hyperset", 2], ["et", 2]]
+    mean = (runs["hyperset"]["accuracy"] + runs["hyperset.seed1"]["accuracy"]) / 2
+    assert replicates[0][2] == pytest.approx(mean)
+    record = ExperimentRecord.load(path.parent)
+    (comparison,) = hyperset_accuracy([("hyperset", "et")])(record)  # type: ignore[misc]
+    assert comparison.units == ("run 0", "run 1")
+    assert comparison.ours == (runs["hyperset"]["accuracy"], runs["hyperset.seed1"]["accuracy"])
+    assert comparison.rival_values == (runs["et"]["accuracy"], runs["et.seed1"]["accuracy"])
+    with pytest.raises(NotTested, match="none of the runs"):  # no contrast runs in this record
+        hyperset_subspace_change(["shared-qkv"], ["erank"])(record)

@@ -10,6 +10,7 @@ runs (a model the preset leaves out, no outliers formed, a toy stand-in).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -984,22 +985,37 @@ def _hyperset_runs(record: ExperimentRecord) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in runs.items() if isinstance(v, dict) and v.get("finished", True)}
 
 
+#: ``hyperset-images`` keys a model's replicate ``r >= 1`` (seed ``seed + r``) ``"<model>.seed<r>"``.
+_REPLICATE = re.compile(r"(?P<model>.+)\.seed(?P<replicate>[1-9][0-9]*)")
+
+
+def _replicates(runs: dict[str, Any], model: str) -> dict[str, dict[str, Any]]:
+    """The runs of ``model`` keyed ``"run <r>"`` by replicate (``"run 0"``: the key ``model``)."""
+    found = {"run 0": runs[model]} if model in runs else {}
+    for key, run in runs.items():
+        match = _REPLICATE.fullmatch(key)
+        if match and match["model"] == model:
+            found[f"run {match['replicate']}"] = run
+    return found
+
+
 def hyperset_accuracy(pairs: Sequence[tuple[str, str]], *, at: str = "L") -> Extractor:
     """Accuracy of Hyper-SET runs, ``(model, rival model)`` pairs from ``runs.json`` of
     ``hyperset-images`` (top-1) or ``hyperset-sudoku`` (board accuracy after ``at`` = ``"L"``
     iterations, or ``"2L"``; a rival named ``"<model>@L"`` is the same model after L).
-    Every model is one training run, so each comparison has one pair."""
+    The replicates of a model (``hyperset-images``' ``seeds``) pair with the rival's of the same
+    seed; a record with one run per model gives one pair."""
 
     def value(runs: dict[str, Any], name: str, iterations: int) -> Samples:
         model, _, when = name.partition("@")
-        run = runs.get(model)
-        if run is None:
-            return {}
-        if "board" not in run:
-            return {"run 0": float(run["accuracy"])}
         steps = iterations * (2 if (when or at) == "2L" else 1)
-        board = run["board"]
-        return {"run 0": float(board[steps - 1])} if len(board) >= steps else {}
+        samples: Samples = {}
+        for unit, run in _replicates(runs, model).items():
+            if "board" not in run:
+                samples[unit] = float(run["accuracy"])
+            elif len(run["board"]) >= steps:
+                samples[unit] = float(run["board"][steps - 1])
+        return samples
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         runs = _hyperset_runs(record)
@@ -1013,6 +1029,29 @@ def hyperset_accuracy(pairs: Sequence[tuple[str, str]], *, at: str = "L") -> Ext
             )
             for model, rival in pairs
         ]
+
+    return empirical(read)
+
+
+def hyperset_subspace_change(models: Sequence[str], quantities: Sequence[str]) -> Extractor:
+    """Change from ``X_0`` to ``X_L`` of each subspace statistic in ``quantities`` (``erank``,
+    ``angle``: means over heads) of each model of ``hyperset-images``' App. F.3 contrast,
+    against 0, one unit per replicate (from the trajectories in ``runs.json``)."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _hyperset_runs(record)
+        comparisons = []
+        for model in models:
+            tracks = {
+                unit: run["subspaces"]
+                for unit, run in _replicates(runs, model).items()
+                if run.get("subspaces")
+            }
+            for quantity in quantities:
+                change = {u: float(t[-1][quantity] - t[0][quantity]) for u, t in tracks.items()}
+                key = f"contrast_{model}_{quantity}_change"
+                comparisons.append(pair("0", change, dict.fromkeys(change, 0.0), key))
+        return comparisons
 
     return empirical(read)
 

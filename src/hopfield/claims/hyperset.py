@@ -14,6 +14,7 @@ from hopfield.claims.extract import (
     hyperset_accuracy,
     hyperset_metric,
     hyperset_params,
+    hyperset_subspace_change,
     hyperset_toy,
     theory_claim,
 )
@@ -158,21 +159,19 @@ IMAGES = [
           "subspace: effective rank and average angle rise along the iterations.",
           "curves only", "change of effective rank and angle from X_0 to X_L (mean over heads)",
           "higher", "empirical", "hyperset-images",
-          hyperset_metric([f"contrast_{m}_{q}_change" for m in ("hyperset", "hyperset+fixed-0.1")
-                           for q in ("erank", "angle")])),
+          hyperset_subspace_change(["hyperset", "hyperset+fixed-0.1"], ["erank", "angle"])),
     Claim("HS-F13-shared-qkv", PAPER, "Figs. 13-14, App. F.3",
           "A weight-shared Transformer with one shared QKV projection mirrors Hyper-SET: its "
           "per-subspace effective rank and average angle rise along the iterations.",
           "curves only", "change of effective rank and angle from X_0 to X_L (mean over heads)",
           "higher", "empirical", "hyperset-images",
-          hyperset_metric([f"contrast_shared-qkv_{q}_change" for q in ("erank", "angle")])),
+          hyperset_subspace_change(["shared-qkv"], ["erank", "angle"])),
     Claim("HS-F13-sign-reversed", PAPER, "Figs. 13-14, App. F.3",
           "Reversing the sign of that Transformer's attention update (x ← x − attn(LN(x))) "
           "makes its per-subspace effective rank and average angle fall.", "curves only",
           "change of effective rank and angle from X_0 to X_L (mean over heads)", "lower",
           "empirical", "hyperset-images",
-          hyperset_metric([f"contrast_shared-qkv-reversed_{q}_change"
-                           for q in ("erank", "angle")])),
+          hyperset_subspace_change(["shared-qkv-reversed"], ["erank", "angle"])),
     Claim("HS-T2-mim", PAPER, "Table 2, §5.3",
           "In masked image modelling Hyper-SET reaches the Transformer's quality with fewer "
           "parameters.", "FID/PSNR comparable at 3.94 M vs 8.85 M", "PSNR", "equal",

@@ -130,6 +130,7 @@ class Config:
     """Settings of the image-classification experiment."""
 
     seed: int = 42
+    seeds: int = 1  # runs per model, seeded seed, seed + 1, ... (weights and order; same split)
     dataset: str = "cifar10"  # digits | mnist | fashion-mnist | cifar10
     split_test_for_train: bool = False  # carve train/test out of the test split (MNIST here)
     holdout: int = 2000  # test images kept when split_test_for_train
@@ -191,7 +192,23 @@ PRESETS = {
 STAND_IN_COUNTS = {"train": 1024, "test": 256}
 
 #: Config fields that only say which models to train (or how many threads): not part of a run.
-LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threads")
+LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threads", "seeds")
+
+#: Marks a replicate in a ``runs.json`` key: ``"<model>.seed<r>"`` is model's run with seed
+#: ``seed + r`` (``r >= 1``); the first replicate keeps the model's name as its key.
+REPLICATE_MARK = ".seed"
+
+
+def replicate_key(name: str, replicate: int) -> str:
+    """The ``runs.json`` key (and run folder name) of model ``name``'s replicate ``replicate``."""
+    return name if replicate == 0 else f"{name}{REPLICATE_MARK}{replicate}"
+
+
+def split_replicate_key(key: str) -> tuple[str, int]:
+    """``(model name, replicate)`` of a key of :func:`replicate_key`."""
+    name, mark, replicate = key.rpartition(REPLICATE_MARK)
+    return (name, int(replicate)) if mark and replicate.isdigit() else (key, 0)
+
 
 #: App. F.3 (Figs. 13-14): Hyper-SET, with fixed step size 0.1, the shared-QKV Transformer and
 #: that Transformer with the attention update's sign reversed, trained with the same recipe.
@@ -406,7 +423,8 @@ def check_config(config: Config) -> None:
     """:class:`ConfigError` naming the first field ``config`` cannot run with."""
     check_choice("dataset", config.dataset, tuple(IMAGE_SIDES))
     check_ints(config, "grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_heads")
-    check_ints(config, "iterations", "epochs", "batch_size", "analysis_size", "eval_batch_size")
+    check_ints(config, "iterations", "epochs", "batch_size", "analysis_size", "eval_batch_size",
+               "seeds")  # fmt: skip
     check_ints(config, "time_frequency", minimum=4)
     check_ints(config, "holdout", "train_size", "test_size", "crop_padding", "warmup_epochs",
                "threads", minimum=0)  # fmt: skip
@@ -514,16 +532,27 @@ def _model_names(config: Config) -> list[str]:
     return names
 
 
+def _identity(config: Config, ctx: RunContext, data: _Images, key: str) -> dict[str, Any]:
+    """What defines the run of ``key``: the first replicate's identity has no ``replicate``
+    field, so the records written before replicates existed stay reusable."""
+    name, replicate = split_replicate_key(key)
+    extra = {"replicate": replicate} if replicate else {}
+    return run_identity(
+        config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=data.source, **extra
+    )
+
+
 def _run(config: Config, ctx: RunContext) -> Results:
     data = _data(config, ctx)
-    results = train_or_reuse(
+    names = _model_names(config)
+    keys = [replicate_key(name, r) for r in range(config.seeds) for name in names]
+    every = train_or_reuse(
         ctx,
-        _model_names(config),
-        lambda _, name: run_identity(
-            config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=data.source
-        ),
-        lambda _, name, identity: _train(config, ctx, data, name, identity),
+        keys,
+        lambda _, key: _identity(config, ctx, data, key),
+        lambda _, key, identity: _train(config, ctx, data, key, identity),
     )
+    results = {name: every[name] for name in names}  # the first replicate fills the tables
     analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
     if config.contrast:
@@ -531,6 +560,8 @@ def _run(config: Config, ctx: RunContext) -> Results:
         report.tables.extend(tables)
         report.metrics.update(metrics)
         report.notes.extend(notes)
+    if config.seeds > 1:
+        report.tables.append(_replicate_table(config, names, every))
     report.tables.extend(_token_table(results))
     report.figures.extend(_figures(ctx, config, results))
     if data.source.startswith("STAND-IN"):
@@ -538,21 +569,40 @@ def _run(config: Config, ctx: RunContext) -> Results:
     return report
 
 
+def _replicate_table(config: Config, names: list[str], every: dict[str, Any]) -> Table:
+    """Top-1 accuracy of every model over its ``config.seeds`` replicates."""
+    rows = []
+    for name in names:
+        runs = [every[replicate_key(name, r)]["accuracy"] for r in range(config.seeds)]
+        values = torch.tensor(runs, dtype=torch.float64)
+        rows.append([name, len(runs), float(values.mean()), float(values.std()),
+                     float(values.min()), float(values.max())])  # fmt: skip
+    return Table(
+        "Top-1 accuracy over the replicates",
+        ["model", "seeds", "mean %", "sd", "min %", "max %"],
+        rows,
+        f"Seeds {config.seed} to {config.seed + config.seeds - 1}: each replicate draws its own "
+        "initial weights and batch order on the same data split (the other tables show the "
+        f"seed-{config.seed} runs). The claims ledger pairs the models by seed.",
+    )
+
+
 def _train(
-    config: Config, ctx: RunContext, data: _Images, name: str, identity: Any
+    config: Config, ctx: RunContext, data: _Images, key: str, identity: Any
 ) -> dict[str, Any]:
-    """Train model ``name`` (seeded by its name, :func:`name_seed`) and test it: its record for
-    ``runs.json`` (with the Figs. 5-6 trajectories and the Fig. 1 token evolution for
-    ``"hyperset"``, and the per-subspace trajectories of Figs. 13-14 for the models of
-    :data:`CONTRAST`)."""
+    """Train the model of ``key`` (:func:`replicate_key`; seeded by the model's name,
+    :func:`name_seed`, and the replicate's seed) and test it: its record for ``runs.json`` (with
+    the Figs. 5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the
+    per-subspace trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
     _, channels, size, _ = data.x_train.shape
-    index = name_seed(name)
-    torch.manual_seed(config.seed * 1000 + index)
+    name, replicate = split_replicate_key(key)
+    index, seed = name_seed(name), config.seed + replicate
+    torch.manual_seed(seed * 1000 + index)
     model = build(config, name, size, channels, data.num_classes)
     trained = train_model(
-        ctx, name, model, partial(_augmented, data.x_train, data.y_train, config), _loss(config),
+        ctx, key, model, partial(_augmented, data.x_train, data.y_train, config), _loss(config),
         size=len(data.x_train), batch_size=config.batch_size,
-        epochs=config.epochs, seed=config.seed * 7919 + index, optimizer="adam",
+        epochs=config.epochs, seed=seed * 7919 + index, optimizer="adam",
         weight_decay=config.weight_decay, identity=identity,
         lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, config.min_lr,
                                   config.warmup_epochs),

@@ -811,7 +811,7 @@ _IMAGE_ARCH = ("grid", "d_model", "num_heads", "scaleup_d_model", "scaleup_num_h
 
 def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
     """Every model of ``hyperset-images`` (main models, Table 3 variants, Fig. 4 layer splits,
-    Table 4 LoRA ranks); one run each."""
+    Table 4 LoRA ranks); ``seeds`` runs each."""
     from hopfield.experiments.hyperset_images import PRESETS, _model_names, build
     from hopfield.nn.hyperset import count_parameters
 
@@ -852,6 +852,7 @@ def hyperset_images_jobs(config: Any) -> list[TrainingJob]:
                 count_parameters=count_parameters,
                 notes=(note,),
                 paper_label=label,
+                runs=config.seeds,
             )
         )
     return jobs
