@@ -150,6 +150,26 @@ def test_equal_claims_need_the_interval_inside_the_margin() -> None:
         compare_paired(ours, [1.0] * 6, direction="equal")
 
 
+def test_at_least_claims_are_non_inferiority_tests() -> None:
+    """``at least``: ours may fall short by less than the margin; decided by the t-test of the
+    mean difference against ``-min_effect``."""
+    slightly_below = compare_paired([0.98, 0.99, 0.97, 0.985], [1.0] * 4, direction="at least",
+                                    min_effect=0.05)  # fmt: skip
+    diffs = [-0.02, -0.01, -0.03, -0.015]
+    assert slightly_below.verdict == "holds"
+    assert slightly_below.p_decision == pytest.approx(stats.ttest_1samp(diffs, -0.05).pvalue)
+    assert compare_paired([1.2, 1.3, 1.25], [1.0] * 3, direction="at least",
+                          min_effect=0.05).verdict == "holds"  # fmt: skip
+    far_below = compare_paired([0.5, 0.6, 0.55], [1.0] * 3, direction="at least", min_effect=0.05)
+    assert far_below.verdict == "does not hold"
+    # exact ties meet an at-least claim (no "all tie" failure), but 3 pairs without spread
+    # cannot reach 5 % with the exact sign-flip test
+    tie = compare_paired([1.0] * 3, [1.0] * 3, direction="at least", min_effect=0.05)
+    assert tie.verdict == "inconclusive" and tie.p_decision == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="margin"):
+        compare_paired([1.0] * 3, [1.0] * 3, direction="at least")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -93,7 +93,8 @@ class Claim:
         paper_value: the paper's number or words (``None`` where it gives a figure only).
         metric: what is measured (``"avg kurtosis"``, ``"violations"``, ``"parameters"``).
         direction: ``higher``/``lower``: ours against the rival; ``equal``: they agree within
-            ``min_effect``. Exact claims use ``equal`` (the measured value against
+            ``min_effect``; ``at least``: ours matches or exceeds the rival (falls short by less
+            than ``min_effect``). Exact claims use ``equal`` (the measured value against
             ``paper_value``).
         kind: ``exact`` (identities, bounds, counts: to ``tolerance``) or ``empirical`` (paired
             runs against a rival).
@@ -143,9 +144,11 @@ class Claim:
             raise ValueError(f"claim {self.id}: a tested exact claim needs a numeric paper_value")
         if self.planned and (self.kind != "exact" or self.experiment is None):
             raise ValueError(f"claim {self.id}: a planned count is an exact claim of an experiment")
-        tested_equal = self.direction == "equal" and self.experiment is not None
-        if tested_equal and self.kind == "empirical" and not self.min_effect > 0:
-            raise ValueError(f"claim {self.id}: an equal claim needs a margin min_effect > 0")
+        margined = self.direction in ("equal", "at least") and self.experiment is not None
+        if margined and self.kind == "empirical" and not self.min_effect > 0:
+            raise ValueError(
+                f"claim {self.id}: an {self.direction!r} claim needs a margin min_effect > 0"
+            )
 
     @property
     def experiments(self) -> tuple[str, ...]:

@@ -122,7 +122,8 @@ def render_markdown(records: Sequence[dict[str, Any]], *, source: str) -> str:
         "`toy stand-in` (the record runs a toy for the paper's setting) or `not run` (no record "
         "tests it: run it). `ours` is the mean over the runs against the "
         "deciding rival's; `n` counts the pairs; the interval is of the difference, positive "
-        "favouring the claim (for 'equal' claims it must lie inside the margin).",
+        "favouring the claim (for 'equal' claims it must lie inside the margin, for 'at least' "
+        "claims above minus the margin).",
         "",
         f"**Totals ({len(records)} claims):** {_totals(records)}.",
         "",

@@ -29,8 +29,10 @@ MIN_RUNS = 3
 ALPHA = 0.05
 
 #: ``higher``/``lower``: ours is claimed larger/smaller than the rival; ``equal``: the two are
-#: claimed to agree within ``min_effect`` (an equivalence margin).
-DIRECTIONS = ("higher", "lower", "equal")
+#: claimed to agree within ``min_effect`` (an equivalence margin); ``at least``: ours is claimed
+#: to match or exceed the rival, i.e. to fall short of it by less than ``min_effect``
+#: (non-inferiority).
+DIRECTIONS = ("higher", "lower", "equal", "at least")
 
 #: Largest ``n`` for which the exact sign-flip test enumerates all ``2**n`` sign patterns.
 _EXACT_SIGN_FLIP_MAX_N = 20
@@ -104,12 +106,15 @@ def compare_paired(
     Args:
         ours, rival: one value per independent run, in the same order.
         direction: ``"higher"`` if the claim is that ours is larger, ``"lower"`` if smaller,
-            ``"equal"`` if the two agree within ``min_effect``.
+            ``"equal"`` if the two agree within ``min_effect``, ``"at least"`` if ours matches
+            or exceeds the rival (falls short by less than ``min_effect``).
         min_effect: the smallest favourable difference that counts (``>= 0``): the claim holds
             only if the mean difference is significantly above it, and does not hold if it is
             significantly below it. For ``"equal"`` the margin (``> 0``) the mean difference
             must lie significantly within for the claim to hold (significantly outside it: does
-            not hold).
+            not hold). For ``"at least"`` the margin (``> 0``) by which ours may fall short:
+            the claim holds if the mean difference is significantly above ``-min_effect`` and
+            does not hold if it is significantly below it.
     """
     a, b = _check_values("ours", ours), _check_values("rival", rival)
     if len(a) != len(b):
@@ -120,19 +125,21 @@ def compare_paired(
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not min_effect >= 0:
         raise ValueError(f"min_effect must be >= 0, got {min_effect}")
-    if direction == "equal" and not min_effect > 0:
-        raise ValueError("an equal claim needs a margin min_effect > 0")
+    if direction in ("equal", "at least") and not min_effect > 0:
+        raise ValueError(f"an {direction!r} claim needs a margin min_effect > 0")
     sign = -1.0 if direction == "lower" else 1.0
     diffs = [sign * (x - y) for x, y in zip(a, b, strict=True)]
     n = len(diffs)
     interval, t, p_t = _t_interval(diffs)
     if direction == "equal":
         p_decision, favours = _equivalence_p(diffs, min_effect)
+    elif direction == "at least":
+        p_decision, favours = _margin_p(diffs, -min_effect)
     else:
         p_decision, favours = _margin_p(diffs, min_effect)
     verdict = "inconclusive"
     if n >= MIN_RUNS:
-        if direction != "equal" and all(d == 0 for d in diffs):
+        if direction in ("higher", "lower") and all(d == 0 for d in diffs):
             verdict = "does not hold"
         elif p_decision < ALPHA:
             verdict = "holds" if favours else "does not hold"
