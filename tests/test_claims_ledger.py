@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -610,11 +611,11 @@ def test_the_committed_plan_record_judges_every_parameter_count() -> None:
 
     plans = load_plans(Path(__file__).resolve().parents[1] / "results")
     claims = [c for c in CLAIMS if c.planned]
-    assert len(claims) == 16  # 12, and Table 20's four (Hyper-SET)
+    assert len(claims) == 20  # 12, Table 20's four and Table 4's LoRA increments (Hyper-SET)
     failing = {"OEH-T1-params-vit", "HS-T2-params-mim-transformer"}  # 22.05 M, 8.65 M
     for claim in claims:
         (plan, *_) = [p for name in claim.experiments for p in plans.get(name, [])]
-        judgement = judge(claim, plan.parameters(claim.planned))
+        judgement = judge(claim, plan.parameters(claim.planned, base=claim.planned_base))
         assert judgement.verdict == ("does not hold" if claim.id in failing else "holds"), claim.id
 
 
@@ -717,3 +718,14 @@ def test_datasets_and_sizes_are_strata_and_only_seeds_and_repeats_replicate(
     assert {c["rival"] for c in fast["comparisons"]} == {
         "dense at d=16 L=2048 (log CPU s)", "dense at d=16 L=4096 (log CPU s)"}  # fmt: skip
     assert all(c["n"] == 4 for c in fast["comparisons"]) and fast["verdict"] == "holds"
+
+
+def test_a_planned_increment_is_the_difference_of_two_jobs() -> None:
+    """Table 4's LoRA claims: the count of the LoRA job less the base job's, from the plan."""
+    from hopfield.claims.hyperset import CLAIMS as HYPERSET
+
+    lora = {c.id: c for c in HYPERSET}["HS-T4-params-lora4"]
+    assert (lora.planned, lora.planned_base) == ("hyperset-scaleup-lora4", "hyperset-scaleup")
+    assert lora.paper_value == 100_000 and lora.tolerance == 10_000
+    with pytest.raises(ValueError, match="planned_base needs planned"):
+        replace(lora, planned="")

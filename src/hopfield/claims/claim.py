@@ -111,6 +111,8 @@ class Claim:
         planned: for a parameter count, the job of the experiments' plan record
             (``hopfield plan --out``) whose count in the paper's convention tests the claim
             when no run of the paper preset does (``""``: none).
+        planned_base: with ``planned``, a second job whose count is subtracted: the claim is
+            the increment from that job's model to ``planned``'s (``""``: the count itself).
     """
 
     id: str
@@ -129,6 +131,7 @@ class Claim:
     also: tuple[str, ...] = ()
     note: str = ""
     planned: str = ""
+    planned_base: str = ""
 
     def __post_init__(self) -> None:
         if self.paper not in PAPERS:
@@ -142,6 +145,8 @@ class Claim:
         numeric = isinstance(self.paper_value, (int, float))
         if self.kind == "exact" and self.experiment is not None and not numeric:
             raise ValueError(f"claim {self.id}: a tested exact claim needs a numeric paper_value")
+        if self.planned_base and not self.planned:
+            raise ValueError(f"claim {self.id}: planned_base needs planned")
         if self.planned and (self.kind != "exact" or self.experiment is None):
             raise ValueError(f"claim {self.id}: a planned count is an exact claim of an experiment")
         margined = self.direction in ("equal", "at least") and self.experiment is not None

@@ -1069,15 +1069,19 @@ def hyperset_metric(keys: Sequence[str], *, rival: float = 0.0) -> Extractor:
     return empirical(read)
 
 
-def hyperset_params(model: str) -> Extractor:
-    """The parameter count of a Hyper-SET experiment's ``model`` at the paper preset."""
+def hyperset_params(model: str, *, base: str = "") -> Extractor:
+    """The parameter count of a Hyper-SET experiment's ``model`` at the paper preset, less that
+    of ``base`` if given (an increment)."""
+
+    def count(runs: dict[str, Any], name: str) -> float:
+        if name not in runs:
+            raise NotTested(f"hyperset run at paper has no {name} run")
+        return float(runs[name]["params"])
 
     def extract(record: ExperimentRecord) -> Evidence:
         _require_paper_preset(record)
         runs = record.side("runs.json")
-        if model not in runs:
-            raise NotTested(f"{record.name} at paper has no {model} run")
-        return Measured(float(runs[model]["params"]))
+        return Measured(count(runs, model) - (count(runs, base) if base else 0.0))
 
     return extract
 

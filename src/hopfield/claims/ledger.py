@@ -73,7 +73,7 @@ def _evidence(claim: Claim, extract: Extractor, source: Source) -> Evidence:
     its experiment's training premise (:mod:`hopfield.claims.premises`); a plan's: the planned
     job's parameter count."""
     if isinstance(source, PlanRecord):
-        return source.parameters(claim.planned)
+        return source.parameters(claim.planned, base=claim.planned_base)
     if claim.kind == "empirical":
         check_premise(source)
     return extract(source)

@@ -162,18 +162,27 @@ class PlanRecord:
         """Where the evidence comes from: the plan, not a run."""
         return f"plan ({self.preset} preset, meta device)"
 
-    def parameters(self, job: str) -> Measured:
-        """The parameter count of ``job``'s model in the paper's convention; :class:`NotTested`
-        at a preset other than ``paper`` (a smaller model) or without such a job."""
+    def parameters(self, job: str, *, base: str = "") -> Measured:
+        """The parameter count of ``job``'s model in the paper's convention, less that of
+        ``base``'s model if given (an increment); :class:`NotTested` at a preset other than
+        ``paper`` (a smaller model) or without such jobs."""
         if self.preset != "paper":
             raise NotTested(
                 f"parameter counts are the paper's only at the paper preset, not {self.preset}"
             )
+        where = f"{PLAN_FOLDER}/{self.path.name}"  # the same wherever DIR lies
+        count = self._count(job)
+        if not base:
+            return Measured(float(count), f"{count:,} parameters of {job!r} in {where}")
+        increment = count - self._count(base)
+        return Measured(
+            float(increment), f"{increment:+,} parameters from {base!r} to {job!r} in {where}"
+        )
+
+    def _count(self, job: str) -> int:
         for entry in self.plan.jobs:
             if entry.name == job:
-                count = entry.parameters_counted
-                where = f"{PLAN_FOLDER}/{self.path.name}"  # the same wherever DIR lies
-                return Measured(float(count), f"{count:,} parameters of {job!r} in {where}")
+                return int(entry.parameters_counted)
         raise NotTested(f"the {self.preset} plan of {self.name} has no job {job!r}")
 
 
