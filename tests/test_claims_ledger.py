@@ -729,3 +729,27 @@ def test_a_planned_increment_is_the_difference_of_two_jobs() -> None:
     assert lora.paper_value == 100_000 and lora.tolerance == 10_000
     with pytest.raises(ValueError, match="planned_base needs planned"):
         replace(lora, planned="")
+
+
+def test_sudoku_replicates_decide_the_extrapolation_claims(tmp_path: Path) -> None:
+    """Fig. 3b over 3 seeds (L = 2): Hyper-SET beats the Transformer at 2L and gains more from
+    L to 2L; the runs pair by seed (``<model>.seed<r>``), once the Transformer learned."""
+    boards = {"hyperset": [50.0, 55.0, 56.0, 57.0], "transformer": [40.0, 41.0, 41.5, 42.0]}
+    runs = {
+        f"{model}{'' if r == 0 else f'.seed{r}'}": {
+            "board": [b + r for b in board],
+            "cell": [0.0] * 4,
+            "params": 1,
+        }
+        for r in range(3)
+        for model, board in boards.items()
+    }
+    runs["hyperset.seed2"]["board"][3] += 0.5  # some spread between the seeds
+    metrics = {"transformer_board_acc": 41.0}
+    write_record(tmp_path, "hyperset-sudoku", metrics=metrics, side={"runs.json": runs})
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    beyond, gain = records["HS-F3-beyond-training"], records["HS-F3-larger-gain"]
+    assert beyond["units"] == ["run 0", "run 1", "run 2"]
+    assert beyond["verdict"] == "holds" and beyond["ours"] == pytest.approx(57 + 1 + 0.5 / 3)
+    assert gain["verdict"] == "holds"
+    assert gain["ours"] == pytest.approx(2 + 0.5 / 3) and gain["rival_value"] == 1.0

@@ -69,6 +69,16 @@ def test_sudoku_tiny_runs_and_resumes(tmp_path: Path) -> None:
     alone = runs_of(tmp_path / "subset", "hyperset-sudoku")
     assert list(alone) == ["et", "fixed-0.1"]
     assert {n: _untimed(r) for n, r in alone.items()} == {n: _untimed(runs[n]) for n in alone}
+    # a second seed: the first replicates are reused, the second ones train with seed + 1
+    path = run_experiment("hyperset-sudoku", "tiny", tmp_path / "subset", progress=False,
+                          overrides={**subset, "seeds": "2"})  # fmt: skip
+    two = runs_of(tmp_path / "subset", "hyperset-sudoku")
+    assert list(two) == ["et", "fixed-0.1", "et.seed1", "fixed-0.1.seed1"]
+    assert {n: _untimed(two[n]) for n in alone} == {n: _untimed(r) for n, r in alone.items()}
+    assert _untimed(two["et.seed1"]) != _untimed(two["et"])
+    tables, _ = _tables(path)
+    replicates = tables["Board accuracy (%) after L = 2 iterations over the replicates"]["rows"]
+    assert [row[:2] for row in replicates] == [["et", 2], ["fixed-0.1", 2]]
 
 
 def runs_of(out: Path, name: str) -> dict:
@@ -387,7 +397,7 @@ def test_images_replicates_reuse_the_first_seed_and_pair_by_seed(tmp_path: Path)
     assert runs["hyperset.seed1"]["identity"]["replicate"] == 1
     assert _untimed(runs["hyperset.seed1"]) != _untimed(runs["hyperset"])
     tables, _ = _tables(path)
-    replicates = tables["Top-1 accuracy over the replicates"]["rows"]
+    replicates = tables["Top-1 accuracy (%) over the replicates"]["rows"]
     assert [row[:2] for row in replicates] == [["hyperset", 2], ["et", 2]]
     mean = (runs["hyperset"]["accuracy"] + runs["hyperset.seed1"]["accuracy"]) / 2
     assert replicates[0][2] == pytest.approx(mean)

@@ -1033,6 +1033,26 @@ def hyperset_accuracy(pairs: Sequence[tuple[str, str]], *, at: str = "L") -> Ext
     return empirical(read)
 
 
+def hyperset_extrapolation_gain(model: str, rival: str) -> Extractor:
+    """``hyperset-sudoku``: the gain in board accuracy from L to 2L test iterations of ``model``
+    against ``rival``'s, paired by replicate (seed)."""
+
+    def gains(runs: dict[str, Any], name: str, iterations: int) -> Samples:
+        return {
+            unit: float(run["board"][2 * iterations - 1] - run["board"][iterations - 1])
+            for unit, run in _replicates(runs, name).items()
+            if len(run.get("board", ())) >= 2 * iterations
+        }
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        runs = _hyperset_runs(record)
+        iterations = int(record.config.get("iterations", 1))
+        ours, theirs = gains(runs, model, iterations), gains(runs, rival, iterations)
+        return [pair(rival, ours, theirs, model)]
+
+    return empirical(read)
+
+
 def hyperset_subspace_change(models: Sequence[str], quantities: Sequence[str]) -> Extractor:
     """Change from ``X_0`` to ``X_L`` of each subspace statistic in ``quantities`` (``erank``,
     ``angle``: means over heads) of each model of ``hyperset-images``' App. F.3 contrast,

@@ -42,14 +42,23 @@ __all__ = [
     "head_statistics",
     "linear_slope",
     "name_seed",
+    "replicate_key",
+    "replicate_table",
     "run_folder",
     "run_identity",
+    "split_replicate_key",
     "subspace_trajectory",
     "threads_limited",
     "train_model",
     "train_or_reuse",
+    "train_replicates",
     "trajectory_statistics",
 ]
+
+#: Marks a replicate in a ``runs.json`` key: ``"<model>.seed<r>"`` is the model's run with seed
+#: ``seed + r`` (``r >= 1``); the first replicate keeps the model's name as its key, so a record
+#: written before replicates existed is reused as that replicate.
+REPLICATE_MARK = ".seed"
 
 #: Encoders whose ``layer_at(t, L).subspace_tokens(x)`` gives per-head tokens ``(B, H, N, p)``.
 SubspaceEncoder = HyperSETEncoder | SharedQKVTransformerEncoder
@@ -98,6 +107,68 @@ def run_identity(config: Any, loops: Sequence[str], ctx: RunContext, **run: Any)
 def run_folder(name: str) -> str:
     """The folder of model ``name``'s run below ``out_dir`` (log, checkpoints, ``run.json``)."""
     return f"runs/{name}"
+
+
+def replicate_key(name: str, replicate: int) -> str:
+    """The ``runs.json`` key (and run folder name) of model ``name``'s replicate ``replicate``."""
+    return name if replicate == 0 else f"{name}{REPLICATE_MARK}{replicate}"
+
+
+def split_replicate_key(key: str) -> tuple[str, int]:
+    """``(model name, replicate)`` of a key of :func:`replicate_key`."""
+    name, mark, replicate = key.rpartition(REPLICATE_MARK)
+    return (name, int(replicate)) if mark and replicate.isdigit() else (key, 0)
+
+
+def train_replicates(
+    ctx: RunContext,
+    config: Any,
+    loops: Sequence[str],
+    names: Sequence[str],
+    data: str,
+    train: Callable[[str, int, str, dict[str, Any]], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """The records of ``config.seeds`` replicates of every model of ``names`` (all of the first
+    replicate's first), keyed by :func:`replicate_key`, each trained or reused by
+    :func:`train_or_reuse`. Replicate ``r`` of model ``name`` is seeded by ``config.seed + r``
+    and its name (:func:`name_seed`); ``train(name, seed, key, identity)`` trains it. The first
+    replicate's identity has no ``replicate`` field, so one-seed records stay reusable."""
+
+    def identity_of(_: int, key: str) -> dict[str, Any]:
+        name, replicate = split_replicate_key(key)
+        extra = {"replicate": replicate} if replicate else {}
+        return run_identity(
+            config, loops, ctx, model=name, seed_index=name_seed(name), data=data, **extra
+        )
+
+    def train_one(_: int, key: str, identity: dict[str, Any]) -> dict[str, Any]:
+        name, replicate = split_replicate_key(key)
+        return train(name, config.seed + replicate, key, identity)
+
+    keys = [replicate_key(name, r) for r in range(config.seeds) for name in names]
+    return train_or_reuse(ctx, keys, identity_of, train_one)
+
+
+def replicate_table(
+    config: Any, names: Sequence[str], every: dict[str, Any], metric: str,
+    value: Callable[[dict[str, Any]], float],
+) -> Table:  # fmt: skip
+    """``metric`` (``value`` of a run's record) of every model over its ``config.seeds``
+    replicates: mean, sd and range."""
+    rows = []
+    for name in names:
+        runs = [value(every[replicate_key(name, r)]) for r in range(config.seeds)]
+        values = torch.tensor(runs, dtype=torch.float64)
+        rows.append([name, len(runs), float(values.mean()), float(values.std()),
+                     float(values.min()), float(values.max())])  # fmt: skip
+    return Table(
+        f"{metric} over the replicates",
+        ["model", "seeds", "mean", "sd", "min", "max"],
+        rows,
+        f"Seeds {config.seed} to {config.seed + config.seeds - 1}: each replicate draws its own "
+        "initial weights and batch order on the same data (the other tables show the "
+        f"seed-{config.seed} runs). The claims ledger pairs the models by seed.",
+    )
 
 
 def train_or_reuse(

@@ -57,11 +57,11 @@ from hopfield.experiments.hyperset_common import (
     device_of,
     energy_trend_metrics,
     name_seed,
-    run_identity,
+    replicate_table,
     subspace_trajectory,
     threads_limited,
     train_model,
-    train_or_reuse,
+    train_replicates,
     trajectory_statistics,
     trajectory_table,
 )
@@ -193,21 +193,6 @@ STAND_IN_COUNTS = {"train": 1024, "test": 256}
 
 #: Config fields that only say which models to train (or how many threads): not part of a run.
 LOOPS = ("models", "ablations", "layer_splits", "lora_ranks", "contrast", "threads", "seeds")
-
-#: Marks a replicate in a ``runs.json`` key: ``"<model>.seed<r>"`` is model's run with seed
-#: ``seed + r`` (``r >= 1``); the first replicate keeps the model's name as its key.
-REPLICATE_MARK = ".seed"
-
-
-def replicate_key(name: str, replicate: int) -> str:
-    """The ``runs.json`` key (and run folder name) of model ``name``'s replicate ``replicate``."""
-    return name if replicate == 0 else f"{name}{REPLICATE_MARK}{replicate}"
-
-
-def split_replicate_key(key: str) -> tuple[str, int]:
-    """``(model name, replicate)`` of a key of :func:`replicate_key`."""
-    name, mark, replicate = key.rpartition(REPLICATE_MARK)
-    return (name, int(replicate)) if mark and replicate.isdigit() else (key, 0)
 
 
 #: App. F.3 (Figs. 13-14): Hyper-SET, with fixed step size 0.1, the shared-QKV Transformer and
@@ -532,26 +517,13 @@ def _model_names(config: Config) -> list[str]:
     return names
 
 
-def _identity(config: Config, ctx: RunContext, data: _Images, key: str) -> dict[str, Any]:
-    """What defines the run of ``key``: the first replicate's identity has no ``replicate``
-    field, so the records written before replicates existed stay reusable."""
-    name, replicate = split_replicate_key(key)
-    extra = {"replicate": replicate} if replicate else {}
-    return run_identity(
-        config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=data.source, **extra
-    )
-
-
 def _run(config: Config, ctx: RunContext) -> Results:
     data = _data(config, ctx)
     names = _model_names(config)
-    keys = [replicate_key(name, r) for r in range(config.seeds) for name in names]
-    every = train_or_reuse(
-        ctx,
-        keys,
-        lambda _, key: _identity(config, ctx, data, key),
-        lambda _, key, identity: _train(config, ctx, data, key, identity),
-    )
+    every = train_replicates(
+        ctx, config, LOOPS, names, data.source,
+        lambda name, seed, key, identity: _train(config, ctx, data, name, seed, key, identity),
+    )  # fmt: skip
     results = {name: every[name] for name in names}  # the first replicate fills the tables
     analysis = results["hyperset"]["analysis"] if "hyperset" in results else []
     report = _report(config, results, analysis)
@@ -561,7 +533,9 @@ def _run(config: Config, ctx: RunContext) -> Results:
         report.metrics.update(metrics)
         report.notes.extend(notes)
     if config.seeds > 1:
-        report.tables.append(_replicate_table(config, names, every))
+        report.tables.append(
+            replicate_table(config, names, every, "Top-1 accuracy (%)", lambda r: r["accuracy"])
+        )
     report.tables.extend(_token_table(results))
     report.figures.extend(_figures(ctx, config, results))
     if data.source.startswith("STAND-IN"):
@@ -569,34 +543,16 @@ def _run(config: Config, ctx: RunContext) -> Results:
     return report
 
 
-def _replicate_table(config: Config, names: list[str], every: dict[str, Any]) -> Table:
-    """Top-1 accuracy of every model over its ``config.seeds`` replicates."""
-    rows = []
-    for name in names:
-        runs = [every[replicate_key(name, r)]["accuracy"] for r in range(config.seeds)]
-        values = torch.tensor(runs, dtype=torch.float64)
-        rows.append([name, len(runs), float(values.mean()), float(values.std()),
-                     float(values.min()), float(values.max())])  # fmt: skip
-    return Table(
-        "Top-1 accuracy over the replicates",
-        ["model", "seeds", "mean %", "sd", "min %", "max %"],
-        rows,
-        f"Seeds {config.seed} to {config.seed + config.seeds - 1}: each replicate draws its own "
-        "initial weights and batch order on the same data split (the other tables show the "
-        f"seed-{config.seed} runs). The claims ledger pairs the models by seed.",
-    )
-
-
 def _train(
-    config: Config, ctx: RunContext, data: _Images, key: str, identity: Any
-) -> dict[str, Any]:
-    """Train the model of ``key`` (:func:`replicate_key`; seeded by the model's name,
-    :func:`name_seed`, and the replicate's seed) and test it: its record for ``runs.json`` (with
-    the Figs. 5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the
-    per-subspace trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
+    config: Config, ctx: RunContext, data: _Images, name: str, seed: int, key: str,
+    identity: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Train model ``name`` (seeded by ``seed`` and its name, :func:`name_seed`; its run is
+    ``key``, :func:`replicate_key`) and test it: its record for ``runs.json`` (with the Figs.
+    5-6 trajectories and the Fig. 1 token evolution for ``"hyperset"``, and the per-subspace
+    trajectories of Figs. 13-14 for the models of :data:`CONTRAST`)."""
     _, channels, size, _ = data.x_train.shape
-    name, replicate = split_replicate_key(key)
-    index, seed = name_seed(name), config.seed + replicate
+    index = name_seed(name)
     torch.manual_seed(seed * 1000 + index)
     model = build(config, name, size, channels, data.num_classes)
     trained = train_model(

@@ -43,10 +43,10 @@ from hopfield.experiments.hyperset_common import (
     device_of,
     energy_trend_metrics,
     name_seed,
-    run_identity,
+    replicate_table,
     threads_limited,
     train_model,
-    train_or_reuse,
+    train_replicates,
     trajectory_statistics,
     trajectory_table,
 )
@@ -103,6 +103,7 @@ class Config:
     """Settings of the Sudoku experiment (paper values in the ``paper`` preset)."""
 
     seed: int = 0
+    seeds: int = 1  # runs per model, seeded seed, seed + 1, ... (weights and order; same data)
     dataset: str = "generated"  # "generated" | "rrn-hard" | "satnet"
     min_givens: int = 30  # generated puzzles: givens drawn from [min_givens, max_givens]
     max_givens: int = 40
@@ -141,8 +142,9 @@ PRESETS = {
         ff_ratio=2.0, iterations=8, time_frequency=48, epochs=12, batch_size=50, lr=3e-3,
         models=("hyperset", "transformer", "et"), ablations=("fixed-0.1",), eval_every=2, eval_size=300, analysis_size=128,
     ),
+    # Fig. 3: "averaged over five runs"
     "paper": Config(dataset="rrn-hard", models=("hyperset", "transformer", "et", "crate"),
-                    ablations=("fixed-0.1", "fixed-0.5"), threads=0),
+                    ablations=("fixed-0.1", "fixed-0.5"), threads=0, seeds=5),
 }  # fmt: skip
 
 
@@ -150,7 +152,7 @@ PRESETS = {
 STAND_IN_SIZES = (256, 64)
 
 #: Config fields that only say which models to train (or how many threads): not part of a run.
-LOOPS = ("models", "ablations", "threads")
+LOOPS = ("models", "ablations", "threads", "seeds")
 
 
 def _generated(config: Config, ctx: RunContext, train: int, test: int) -> tuple[np.ndarray, ...]:
@@ -298,7 +300,7 @@ def check_config(config: Config) -> None:
         raise ConfigError("models and ablations name no model")
     check_ints(config, "train_size", "test_size", "d_model", "num_heads", "iterations")
     check_ints(config, "epochs", "batch_size", "eval_every", "eval_size", "analysis_size")
-    check_ints(config, "eval_batch_size")
+    check_ints(config, "eval_batch_size", "seeds")
     check_ints(config, "time_frequency", minimum=4)
     check_ints(config, "threads", minimum=0)
     check_reals(config, "ff_ratio", "lr", low=0.0, low_open=True)
@@ -344,15 +346,20 @@ def _run(config: Config, ctx: RunContext) -> Results:
     givens = (data.test_p > 0).sum(-1).float()
     L = config.iterations
     counts = sorted({max(1, round(f * L)) for f in config.extrapolation} | {L})
-    results = train_or_reuse(
-        ctx,
-        [*config.models, *config.ablations],
-        lambda _, name: run_identity(
-            config, LOOPS, ctx, model=name, seed_index=name_seed(name), data=source
+    names = [*config.models, *config.ablations]
+    every = train_replicates(
+        ctx, config, LOOPS, names, source,
+        lambda name, seed, key, identity: _train(
+            config, ctx, data, max(counts), name, seed, key, identity
         ),
-        lambda _, name, identity: _train(config, ctx, data, max(counts), name, identity),
-    )
+    )  # fmt: skip
+    results = {name: every[name] for name in names}  # the first replicate fills the tables
     report = _report(config, ctx, results, counts, float(givens.mean()))
+    if config.seeds > 1:
+        report.tables.append(replicate_table(
+            config, names, every, f"Board accuracy (%) after L = {L} iterations",
+            lambda r: r["board"][L - 1],
+        ))  # fmt: skip
     if source.startswith("STAND-IN"):
         report.notes.insert(0, source)
     return report
@@ -364,14 +371,16 @@ def _train(
     data: _Puzzles,
     horizon: int,
     name: str,
+    seed: int,
+    key: str,
     identity: Any,
 ) -> dict[str, Any]:
-    """Train model ``name`` (seeded by its name, :func:`name_seed`) and test it up to ``horizon``
-    iterations: its record for ``runs.json`` (with the Figs. 5-6 trajectories for
-    ``"hyperset"``)."""
+    """Train model ``name`` (seeded by ``seed`` and its name, :func:`name_seed`; its run is
+    ``key``, :func:`replicate_key`) and test it up to ``horizon`` iterations: its record for
+    ``runs.json`` (with the Figs. 5-6 trajectories for ``"hyperset"``)."""
     L = config.iterations
     index = name_seed(name)
-    torch.manual_seed(config.seed * 1000 + index)
+    torch.manual_seed(seed * 1000 + index)
     model = build(config, name)
     eval_p, eval_s = data.test_p[: config.eval_size], data.test_s[: config.eval_size]
 
@@ -382,9 +391,9 @@ def _train(
 
     train_p, train_s = data.train_p, data.train_s
     trained = train_model(
-        ctx, name, model, lambda rows: (train_p[rows], train_s[rows]), _loss,
+        ctx, key, model, lambda rows: (train_p[rows], train_s[rows]), _loss,
         size=len(train_p), batch_size=config.batch_size, epochs=config.epochs,
-        seed=config.seed * 7919 + index, betas=(0.9, 0.95), weight_decay=config.weight_decay,
+        seed=seed * 7919 + index, betas=(0.9, 0.95), weight_decay=config.weight_decay,
         lr_at=lambda e: cosine_lr(e, config.epochs, config.lr, 1e-7),
         grad_clip=config.grad_clip, evaluate=evaluate, eval_every=config.eval_every,
         identity=identity, count_fn=blank_cells,

@@ -863,7 +863,8 @@ RRN_TRAIN_PUZZLES = 180_000
 
 
 def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
-    """Every model of ``hyperset-sudoku`` (Hyper-SET, Transformer, ablations); one run each."""
+    """Every model of ``hyperset-sudoku`` (Hyper-SET, Transformer, ablations); ``seeds`` runs
+    each."""
     from hopfield.data.sudoku import RRN_FILES, SATNET_FILES
     from hopfield.experiments.hyperset_sudoku import PRESETS, blank_loss, build
     from hopfield.nn.hyperset import count_parameters
@@ -912,6 +913,7 @@ def hyperset_sudoku_jobs(config: Any) -> list[TrainingJob]:
                 count_parameters=count_parameters,
                 notes=(note,),
                 paper_label=label,
+                runs=config.seeds,
             )
         )
     return jobs
