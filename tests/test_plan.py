@@ -85,7 +85,7 @@ def test_run_counts_follow_the_presets() -> None:
     assert runs("timeseries-hopfield") == 5 * 4 * 9 * 5  # ETTh1, ETTm1, WTH, ECL, Traffic
     assert runs("mil-benchmark") == 4 * 8 * 5 * 10 * 50  # data x methods x seeds x folds x trials
     assert runs("mil-mnist-bags") == 7 * 9 * 10
-    assert runs("hyperset-sudoku") == 6  # Hyper-SET, Transformer, ET, CRATE, two fixed step sizes
+    assert runs("hyperset-sudoku") == 6 * 5  # Hyper-SET, Transformer, ET, CRATE, 2 fixed; 5 runs
     # outlier-formation, upper bound: 16 + 11 search points, 6 variants x 3 seeds
     assert runs("outlier-formation") == 16 + 11 + 18
 
