@@ -113,6 +113,21 @@ _CLIPPED = {
     "vit": "33.868 → 24.642, 257.613 → 196.199",
     "stanhop": "2.995 → 2.864, 4.890 → 4.145",
 }
+#: Table 1's FP16 and W8A8 columns of the clipped and gated pairs: counterpart → OutEffHop.
+_COMBINED_FP_W8A8 = {
+    "clipped": {
+        "bert": ("6.118 → 6.133 ppl", "6.189 → 6.199 ppl"),
+        "opt": ("16.042 → 16.118 ppl", "30.825 → 29.269 ppl"),
+        "vit": ("76.612 → 76.871 %", "75.179 → 76.083 %"),
+        "stanhop": ("0.553 → 0.506 MSE", "0.591 → 0.517 MSE"),
+    },
+    "gated": {
+        "bert": ("6.230 → 6.214 ppl", "6.299 → 6.279 ppl"),
+        "opt": ("15.677 → 15.751 ppl", "16.236 → 16.148 ppl"),
+        "vit": ("69.922 → 74.089 %", "67.479 → 73.958 %"),
+        "stanhop": ("0.380 → 0.376 MSE", "0.375 → 0.367 MSE"),
+    },
+}
 _GATED = {
     "bert": "17.779 → 15.625, 34.082 → 32.777",
     "opt": "90.321 → 11.449, 13.704 → 7.568",
@@ -231,6 +246,22 @@ def _table1(model: str) -> list[Claim]:
               first, _evidence(model, [("gated_softmax1", "gated", m) for m in both], outliers),
               also=also),
     ]  # fmt: skip
+    for kind, label in (("clipped", "Clipped"), ("gated", "Gated")):
+        fp_paper, w8a8_paper = _COMBINED_FP_W8A8[kind][model]
+        ours, rival = f"{kind}_softmax1", kind
+        claims += [
+            Claim(f"OEH-T1-{kind}-fp-{model}", PAPER, "Table 1",
+                  f"{name}: {label} OutEffHop keeps the full-precision task metric of {label} "
+                  f"{'Softmax' if kind == 'clipped' else 'Attention'} (within 5 %).", fp_paper,
+                  "FP perplexity / top-1 / MSE, change in %", "equal", "empirical", first,
+                  _evidence(model, [(ours, rival, "fp")], False), min_effect=5.0,
+                  relative=True, also=also),
+            Claim(f"OEH-T1-{kind}-w8a8-{model}", PAPER, "Table 1",
+                  f"{name}: W8A8 quantization costs {label} OutEffHop less than {label} "
+                  f"{'Softmax' if kind == 'clipped' else 'Attention'}.", w8a8_paper,
+                  "W8A8 − FP degradation", "lower", "empirical", first,
+                  _evidence(model, [(ours, rival, "w8a8_degradation")], outliers), also=also),
+        ]  # fmt: skip
     paper, tolerance = _PARAMS[model]
     params = stanhop_params("outeffhop") if model == "stanhop" else outlier_params(model, "softmax")
     param_experiment = "stanhop-outliers" if model == "stanhop" else "outliers"
