@@ -108,7 +108,7 @@ class ExperimentRecord:
 #: The order in which records of several presets of one experiment are read (the largest scale
 #: first: the first record that tests a claim decides it); other presets come between ``small``
 #: and ``tiny``.
-PRESET_ORDER = ("paper", "gpu", "decisive", "cpu", "formation", "small")
+PRESET_ORDER = ("paper", "gpu", "decisive", "cpu", "formation", "trained", "small")
 
 
 def _preset_rank(record: ExperimentRecord) -> tuple[int, str]:

@@ -159,7 +159,7 @@ LISTINGS: tuple[Listing, ...] = (
     Listing(
         "hyperset-sudoku",
         "Hyper-SET vs weight-shared Transformer on Sudoku: accuracy, extrapolation, energy/rank/angle trajectories, step-size ablations",
-        ("tiny", "small", "paper"),
+        ("tiny", "small", "trained", "paper"),
         "Hyper-SET §5.1, Fig. 3, Figs. 5-6, Table 3 (Hu, Zou & Xu)",
     ),
     Listing(
