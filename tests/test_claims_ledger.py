@@ -753,3 +753,46 @@ def test_sudoku_replicates_decide_the_extrapolation_claims(tmp_path: Path) -> No
     assert beyond["verdict"] == "holds" and beyond["ours"] == pytest.approx(57 + 1 + 0.5 / 3)
     assert gain["verdict"] == "holds"
     assert gain["ours"] == pytest.approx(2 + 0.5 / 3) and gain["rival_value"] == 1.0
+
+
+def test_sudoku_energy_and_uniformity_claims_read_every_replicate(tmp_path: Path) -> None:
+    """Figs. 5-6 over 3 seeds (L = 2, a third row past L is extrapolation and left out): the
+    energies fall and the effective rank rises in every seed (holds); the angle rises in seed 0
+    only, which a read of seed 0 alone would have taken for the whole record."""
+
+    def rows(r: int) -> list[dict[str, float]]:
+        angle = [10.0, 20.0] if r == 0 else [20.0, 20.0 - r]
+        return [
+            {"e_attn": 5.0 - r, "e_ff": 1.0, "erank": 3.0, "angle": angle[0]},
+            {"e_attn": 4.0 - 1.1 * r, "e_ff": 0.5 - 0.1 * r, "erank": 4.0 + r, "angle": angle[1]},
+            {"e_attn": 9.0, "e_ff": 9.0, "erank": 0.0, "angle": 90.0},
+        ]
+
+    board = [30.0] * 4
+    runs = {
+        f"{model}{'' if r == 0 else f'.seed{r}'}": {
+            "board": board,
+            "params": 1,
+            **({"analysis": rows(r)} if model == "hyperset" else {}),
+        }
+        for r in range(3)
+        for model in ("hyperset", "transformer")
+    }
+    write_record(tmp_path, "hyperset-sudoku", metrics={"transformer_board_acc": 30.0},
+                 side={"runs.json": runs})  # fmt: skip
+    records = {r["id"]: r for r in evaluate(tmp_path)}
+    energy, uniformity = records["HS-F5-energy"], records["HS-F6-uniformity"]
+    assert energy["units"] == ["run 0", "run 1", "run 2"]
+    assert energy["verdict"] == "holds"
+    slopes = {c["model"]: c["ours"] for c in energy["comparisons"]}
+    assert slopes["e_attn_slope"] == pytest.approx(-(1.0 + 1.1 + 1.2) / 3)
+    changes = {c["model"]: c["ours"] for c in uniformity["comparisons"]}
+    assert changes == pytest.approx({"erank_change": 2.0, "angle_change": 7 / 3})
+    assert uniformity["verdict"] != "holds"  # the angle rose in one seed of three
+
+
+def test_trajectory_readouts_are_checked() -> None:
+    from hopfield.claims.extract import hyperset_trajectory
+
+    with pytest.raises(ValueError, match="readouts"):
+        hyperset_trajectory("hyperset", [("e_attn", "curvature")])

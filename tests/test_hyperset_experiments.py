@@ -10,11 +10,7 @@ import torch
 
 from hopfield.data import DataNotFoundError
 from hopfield.experiments import run_experiment
-from hopfield.experiments.hyperset_common import (
-    cosine_lr,
-    fraction_non_increasing,
-    linear_slope,
-)
+from hopfield.experiments.hyperset_common import cosine_lr, fraction_non_increasing
 from hopfield.experiments.hyperset_images import augment
 from hopfield.experiments.hyperset_sudoku import _paper_at, blank_loss
 
@@ -267,7 +263,6 @@ def test_helpers() -> None:
     assert cosine_lr(2, 10, 1.0, 0.0, warmup=2) == 1.0
     assert cosine_lr(10, 10, 1.0, 0.1) == pytest.approx(0.1)
     assert fraction_non_increasing([3.0, 2.0, 2.0, 5.0]) == pytest.approx(2 / 3)
-    assert linear_slope([1.0, 3.0, 5.0]) == pytest.approx(2.0)
     assert _paper_at(1.0, "hyperset") == 54.70
     assert _paper_at(1.25, "hyperset") == pytest.approx((56.20 + 56.73) / 2)
     puzzles = torch.tensor([[0] * 80 + [5]])

@@ -10,7 +10,6 @@ runs (a model the preset leaves out, no outliers formed, a toy stand-in).
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +19,7 @@ from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 from hopfield.claims.verdict import PREMISE_ABSENT, TOY_STAND_IN
 from hopfield.models.stanhop import figure_layer
 from hopfield.outliers.metrics import COMPONENTS
-from hopfield.stats import fit_slope
+from hopfield.stats import fit_slope, linear_slope, split_replicate_key
 
 __all__ = [
     "benchmark_pairs",
@@ -30,8 +29,8 @@ __all__ = [
     "efficiency_time",
     "formation_variants",
     "hyperset_accuracy",
-    "hyperset_metric",
     "hyperset_params",
+    "hyperset_trajectory",
     "mil_auc",
     "mil_bags",
     "mil_curves",
@@ -985,17 +984,13 @@ def _hyperset_runs(record: ExperimentRecord) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in runs.items() if isinstance(v, dict) and v.get("finished", True)}
 
 
-#: ``hyperset-images`` keys a model's replicate ``r >= 1`` (seed ``seed + r``) ``"<model>.seed<r>"``.
-_REPLICATE = re.compile(r"(?P<model>.+)\.seed(?P<replicate>[1-9][0-9]*)")
-
-
 def _replicates(runs: dict[str, Any], model: str) -> dict[str, dict[str, Any]]:
-    """The runs of ``model`` keyed ``"run <r>"`` by replicate (``"run 0"``: the key ``model``)."""
-    found = {"run 0": runs[model]} if model in runs else {}
+    """The runs of ``model`` keyed ``"run <r>"`` by replicate (keys of :func:`replicate_key`)."""
+    found = {}
     for key, run in runs.items():
-        match = _REPLICATE.fullmatch(key)
-        if match and match["model"] == model:
-            found[f"run {match['replicate']}"] = run
+        name, replicate = split_replicate_key(key)
+        if name == model:
+            found[f"run {replicate}"] = run
     return found
 
 
@@ -1076,15 +1071,43 @@ def hyperset_subspace_change(models: Sequence[str], quantities: Sequence[str]) -
     return empirical(read)
 
 
-def hyperset_metric(keys: Sequence[str], *, rival: float = 0.0) -> Extractor:
-    """Scalar metrics of one Hyper-SET run (energy slopes, rank and angle changes) against the
-    constant ``rival`` (one pair each: a single training run)."""
+def _trajectory_slope(rows: Sequence[dict[str, Any]], quantity: str) -> float:
+    return linear_slope([float(row[quantity]) for row in rows])
+
+
+def _trajectory_change(rows: Sequence[dict[str, Any]], quantity: str) -> float:
+    return float(rows[-1][quantity] - rows[0][quantity])
+
+
+_TRAJECTORY_READOUTS = {"slope": _trajectory_slope, "change": _trajectory_change}
+
+
+def hyperset_trajectory(model: str, readouts: Sequence[tuple[str, str]]) -> Extractor:
+    """Read-outs of ``model``'s Figs. 5-6 trajectory (``analysis`` in ``runs.json``: one row
+    after each iteration t = 1, 2, ...) over its ``L`` training iterations, against 0, one unit
+    per replicate (the rows past L, test-time extrapolation, are left out).
+
+    ``readouts`` are ``(quantity, how)`` pairs: ``how`` is ``"slope"`` (least-squares slope of
+    the quantity, e.g. ``e_attn``, against t) or ``"change"`` (its value after iteration L less
+    its value after iteration 1, e.g. ``erank``); the comparison is named ``<quantity>_<how>``.
+    """
+    unknown = sorted({how for _, how in readouts} - set(_TRAJECTORY_READOUTS))
+    if unknown:
+        raise ValueError(f"readouts: unknown read-outs {unknown}, expected slope or change")
 
     def read(record: ExperimentRecord) -> list[Comparison]:
-        return [
-            Comparison(f"{rival:g}", (record.metric(key),), (rival,), ("run 0",), key)
-            for key in keys
-        ]
+        runs = _hyperset_runs(record)
+        iterations = int(record.config.get("iterations", 1))
+        tracks = {
+            unit: run["analysis"][:iterations]
+            for unit, run in _replicates(runs, model).items()
+            if run.get("analysis")
+        }
+        comparisons = []
+        for quantity, how in readouts:
+            values = {u: _TRAJECTORY_READOUTS[how](rows, quantity) for u, rows in tracks.items()}
+            comparisons.append(pair("0", values, dict.fromkeys(values, 0.0), f"{quantity}_{how}"))
+        return comparisons
 
     return empirical(read)
 

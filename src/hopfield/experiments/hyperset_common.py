@@ -33,6 +33,7 @@ from hopfield.experiments.results import RunContext, Table
 from hopfield.models.shared_qkv import SharedQKVTransformerEncoder
 from hopfield.nn.hyperset import HyperSETEncoder
 from hopfield.nn.hyperset_energy import average_angle, effective_rank
+from hopfield.stats import linear_slope, replicate_key, split_replicate_key
 from hopfield.training import Trainer, steps_per_epoch
 
 __all__ = [
@@ -40,13 +41,10 @@ __all__ = [
     "device_of",
     "fraction_non_increasing",
     "head_statistics",
-    "linear_slope",
     "name_seed",
-    "replicate_key",
     "replicate_table",
     "run_folder",
     "run_identity",
-    "split_replicate_key",
     "subspace_trajectory",
     "threads_limited",
     "train_model",
@@ -54,11 +52,6 @@ __all__ = [
     "train_replicates",
     "trajectory_statistics",
 ]
-
-#: Marks a replicate in a ``runs.json`` key: ``"<model>.seed<r>"`` is the model's run with seed
-#: ``seed + r`` (``r >= 1``); the first replicate keeps the model's name as its key, so a record
-#: written before replicates existed is reused as that replicate.
-REPLICATE_MARK = ".seed"
 
 #: Encoders whose ``layer_at(t, L).subspace_tokens(x)`` gives per-head tokens ``(B, H, N, p)``.
 SubspaceEncoder = HyperSETEncoder | SharedQKVTransformerEncoder
@@ -107,17 +100,6 @@ def run_identity(config: Any, loops: Sequence[str], ctx: RunContext, **run: Any)
 def run_folder(name: str) -> str:
     """The folder of model ``name``'s run below ``out_dir`` (log, checkpoints, ``run.json``)."""
     return f"runs/{name}"
-
-
-def replicate_key(name: str, replicate: int) -> str:
-    """The ``runs.json`` key (and run folder name) of model ``name``'s replicate ``replicate``."""
-    return name if replicate == 0 else f"{name}{REPLICATE_MARK}{replicate}"
-
-
-def split_replicate_key(key: str) -> tuple[str, int]:
-    """``(model name, replicate)`` of a key of :func:`replicate_key`."""
-    name, mark, replicate = key.rpartition(REPLICATE_MARK)
-    return (name, int(replicate)) if mark and replicate.isdigit() else (key, 0)
 
 
 def train_replicates(
@@ -410,17 +392,6 @@ def fraction_non_increasing(values: Sequence[float]) -> float:
         return 1.0
     steps = [b - a for a, b in itertools.pairwise(values)]
     return sum(s <= 0 for s in steps) / len(steps)
-
-
-def linear_slope(values: Sequence[float]) -> float:
-    """Least-squares slope of ``values`` against ``0, 1, 2, ...``."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean_x = (n - 1) / 2
-    mean_y = sum(values) / n
-    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
-    return num / sum((i - mean_x) ** 2 for i in range(n))
 
 
 # Columns of the per-iteration trajectory table: (header, key of a trajectory_statistics row).

@@ -13,15 +13,20 @@ from hopfield.stats.paired import (
     exact_verdict,
     sign_flip_p,
 )
-from hopfield.stats.slopes import fit_slope
+from hopfield.stats.replicates import REPLICATE_MARK, replicate_key, split_replicate_key
+from hopfield.stats.slopes import fit_slope, linear_slope
 
 __all__ = [
     "ALPHA",
     "DIRECTIONS",
     "MIN_RUNS",
+    "REPLICATE_MARK",
     "PairedComparison",
     "compare_paired",
     "exact_verdict",
     "fit_slope",
+    "linear_slope",
+    "replicate_key",
     "sign_flip_p",
+    "split_replicate_key",
 ]
