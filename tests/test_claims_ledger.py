@@ -796,3 +796,54 @@ def test_trajectory_readouts_are_checked() -> None:
 
     with pytest.raises(ValueError, match="readouts"):
         hyperset_trajectory("hyperset", [("e_attn", "curvature")])
+
+
+def vit_curve_run(seed: int, variant: str, peak: float, *, curve: bool = True) -> dict:
+    """An ``outliers-vit`` result.json of a 4-layer ViT with outliers whose layer-2 (= L − 2)
+    components peak at ``peak`` over a three-point training curve."""
+    run = outlier_run(seed, 50.0, 30.0)
+    run["identity"] = {"settings": {"family": "vit", "layers": 4}}
+    if curve:
+        run["curve"] = [
+            (step, {"vit.layers.2.mlp.fc2": peak * step / 300,
+                    "vit.layers.2.attention": 1.0})
+            for step in (100, 200, 300)
+        ]  # fmt: skip
+    return run
+
+
+def test_figure_2_compares_each_pair_over_its_training_curves(tmp_path: Path) -> None:
+    """Fig. 2(c): OutEffHop's curve at layer L − 2 lies below vanilla's in every seed (holds);
+    Gated OutEffHop's lies above Gated Attention's; a run recorded without a curve drops out."""
+    peaks = {"softmax": 12.0, "softmax1": 6.0, "gated": 6.0, "gated_softmax1": 9.0}
+    side = {
+        f"runs/vit/{variant}/seed-{seed}/result.json": vit_curve_run(
+            seed,
+            variant,
+            peak + seed * (0.5 if variant.endswith("softmax1") else 1.0),
+            curve=(variant, seed) != ("gated", 3),
+        )
+        for variant, peak in peaks.items()
+        for seed in range(4)
+    }
+    write_record(tmp_path, "outliers-vit", side=side)
+    claim = {r["id"]: r for r in evaluate(tmp_path)}["OEH-F2c-vit"]
+    vanilla, gated = claim["comparisons"]
+    assert (vanilla["rival"], vanilla["n"], gated["rival"], gated["n"]) == (
+        "softmax",
+        4,
+        "gated",
+        3,
+    )
+    assert vanilla["ours"] == pytest.approx((6.0 + 0.75) * 2 / 3)  # peak·(1/3, 2/3, 1), mean
+    assert claim["verdict"] == "does not hold"  # gated: 9 + seed/2 against 6 + seed
+
+
+def test_figure_2_reads_every_layer_curve_of_outlier_formation(tmp_path: Path) -> None:
+    from hopfield.claims.extract import _figure2_curve_mean
+
+    curve = [(step, {f"model.decoder.layers.{j}{part}": 10.0 * j + step
+                     for j in range(6) for part in ("", ".fc2")}) for step in (1, 3)]  # fmt: skip
+    assert _figure2_curve_mean(curve) == pytest.approx(42.0)  # layer 4 of 6: 40 + mean(1, 3)
+    assert _figure2_curve_mean(curve, layers=3) == pytest.approx(12.0)
+    assert _figure2_curve_mean([]) is None

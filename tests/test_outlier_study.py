@@ -107,8 +107,12 @@ def test_thin_presets_and_overrides(shared_data: Path, tmp_path: Path) -> None:
     components = record["component_inf_norms"]
     assert {"attention.output.LayerNorm", "output.dense"} <= set(components["columns"])
     assert [row[0] for row in components["rows"]] == ["0", "1"]
+    # Figure 2's training curve: every logged step, the components of layer L - 2 = 0 only
+    steps = [step for step, _ in record["curve"]]
+    assert len(steps) > 1 and steps == sorted(steps)
+    assert {name.split(".")[3] for _, modules in record["curve"] for name in modules} == {"0"}
     ledger = {r["id"]: r for r in evaluate(tmp_path)}
-    for claim in ("OEH-F3-depth", "OEH-F4-layernorm"):
+    for claim in ("OEH-F2a-bert", "OEH-F3-depth", "OEH-F4-layernorm"):
         note = ledger[claim]["note"]
         assert ledger[claim]["verdict"] == "premise absent at this scale", claim
         assert "no outliers formed" in note and UNREADABLE not in note, claim

@@ -10,6 +10,7 @@ runs (a model the preset leaves out, no outliers formed, a toy stand-in).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "mil_bags",
     "mil_curves",
     "outlier_component",
+    "outlier_curves",
     "outlier_depth",
     "outlier_params",
     "outlier_reduction",
@@ -540,6 +542,80 @@ def outlier_component(family: str, component: str) -> Extractor:
             return out
 
         return [pair("softmax", at_figure_layer(outeffhop), at_figure_layer(vanilla), "softmax1")]
+
+    return empirical(read)
+
+
+#: The layer index in a module name (``bert.encoder.layer.3.output``, ``vit.layers.3.mlp``).
+_LAYER_INDEX = re.compile(r"\.layers?\.(\d+)(?=\.|$)")
+
+
+def _module_layer(name: str) -> int | None:
+    match = _LAYER_INDEX.search(name)
+    return int(match[1]) if match else None
+
+
+def _figure2_curve_mean(curve: Sequence[Any], layers: int | None = None) -> float | None:
+    """Figure 2's read-out of one run's training curve (``[(step, {module: max |x|})]``): the
+    mean over the logged steps of the largest ``max |x|`` among the modules of layer ``L - 2``
+    (``layers`` = L; ``None``: the curve logs every layer and L is read from it). ``None`` for
+    a run without a curve (recorded before curves were kept)."""
+    if not curve:
+        return None
+    if layers is None:
+        found = [_module_layer(n) for _, modules in curve for n in modules]
+        layers = 1 + max((j for j in found if j is not None), default=0)
+    layer = max(0, layers - 2)
+    peaks = [
+        max(float(v) for n, v in modules.items() if _module_layer(n) == layer)
+        for _, modules in curve
+        if any(_module_layer(n) == layer for n in modules)
+    ]
+    return statistics.fmean(peaks) if peaks else None
+
+
+def outlier_curves(family: str, pairs: Sequence[tuple[str, str]]) -> Extractor:
+    """Figure 2(a-c): per pair ``(counterpart, OutEffHop variant)``, the variant against its
+    counterpart on the mean over a run's training curve of ``max |x|`` at layer ``L - 2`` (the
+    paper's layer 10 of 12), paired over training seeds, where vanilla attention formed
+    outliers. Reads the ``outliers`` study's runs (``curve`` in each ``result.json``) or, for
+    OPT, ``outlier-formation``'s (``curve`` in ``compare.json``, every arm that passes its
+    validity gate). Runs without a curve are left out."""
+
+    def study(record: ExperimentRecord) -> Callable[[str], Samples]:
+        _require_outliers(family, _outlier_runs(record, family, "softmax"))
+
+        def samples(variant: str) -> Samples:
+            runs = _outlier_runs(record, family, variant).items()
+            means = {
+                unit: _figure2_curve_mean(
+                    run.get("curve", ()), run["identity"]["settings"]["layers"]
+                )
+                for unit, run in runs
+            }
+            return {unit: mean for unit, mean in means.items() if mean is not None}
+
+        return samples
+
+    def formation(record: ExperimentRecord) -> Callable[[str], Samples]:
+        arms = _formation_runs(record, needs_outliers=True)
+
+        def samples(variant: str) -> Samples:
+            means = {
+                f"{unit} seed {key.split('/seed')[1]}".lstrip(): _figure2_curve_mean(
+                    run.get("curve", ())
+                )
+                for unit, runs in arms.items()
+                for key, run in runs.items()
+                if key.split("/seed")[0] == variant
+            }
+            return {unit: mean for unit, mean in means.items() if mean is not None}
+
+        return samples
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        samples = formation(record) if record.name == "outlier-formation" else study(record)
+        return [pair(old, samples(new), samples(old), new) for old, new in pairs]
 
     return empirical(read)
 

@@ -16,6 +16,7 @@ from hopfield.claims.extract import (
     convergence_speed,
     formation_variants,
     outlier_component,
+    outlier_curves,
     outlier_depth,
     outlier_params,
     outlier_reduction,
@@ -363,6 +364,23 @@ def _aggregate(what: str, name: str, metric: str, paper: float) -> Claim:
     )  # fmt: skip
 
 
+_FIGURE2_PAIRS = [("softmax", "softmax1"), ("clipped", "clipped_softmax1"),
+                  ("gated", "gated_softmax1")]  # fmt: skip
+
+TRAINING_CURVES = [
+    Claim(f"OEH-F2{panel}-{model}", PAPER, f"Fig. 2({panel})",
+          f"{_NAMES[model]}: during pre-training, OutEffHop keeps the maximum infinity norm of "
+          "layer 10 lower than its counterpart (vanilla attention, Clipped Softmax, Gated "
+          "Attention).", "curves only", "mean over the training curve of max |x|, layer L − 2",
+          "lower", "empirical", _experiments(model)[0], outlier_curves(model, _FIGURE2_PAIRS),
+          also=_experiments(model)[1],
+          note="Each run's curve (max |x| of layer L − 2's components at every logged training "
+          "step; `curve` in the run's result, recorded since this claim existed) is averaged "
+          "over its steps and paired with the counterpart's run of the same seed; judged only "
+          "where vanilla attention formed outliers, as the Table 1 claims.")
+    for panel, model in (("a", "bert"), ("b", "opt"), ("c", "vit"))
+]  # fmt: skip
+
 AGGREGATES = [
     Claim("OEH-F3-depth", PAPER, "Fig. 3, App. D.1", "BERT: vanilla FFN outputs grow outliers in "
           "deeper layers; OutEffHop keeps their max inf norm consistent across layers.",
@@ -387,6 +405,7 @@ CLAIMS: list[Claim] = [
     *THEORY,
     *MEMORY,
     *MECHANISM,
+    *TRAINING_CURVES,
     *(c for model in ("bert", "opt", "vit", "stanhop") for c in _table1(model)),
     *(c for tag in _BENCH_TASKS for c in _benchmark(tag)),
     *STANHOP,

@@ -726,12 +726,27 @@ def _train_and_evaluate(
         "attention": attention,
         "layer_inf_norms": layer_table,
         "component_inf_norms": component_table,
+        "curve": figure_curve(fitted.log, settings.family, settings.layers),
         "parameters": paper_parameter_count(model),
         "final_loss": fitted.log[-1]["loss"] if fitted.log else math.nan,
         "train_seconds": train_seconds,
         "steps": fitted.step,
         "processes": fitted.processes,
     }
+
+
+def figure_curve(
+    log: Sequence[dict[str, Any]], family: str, layers: int
+) -> list[tuple[int, dict[str, float]]]:
+    """Figure 2's training curve of one run: ``(step, {module: max |x|})`` at every logged step,
+    for the components of the figure's layer ``L - 2`` (the paper's layer 10 of 12) only."""
+    layer = max(0, layers - 2)
+    names = {component_name(family, layer, c) for c in COMPONENTS[family]}
+    return [
+        (int(r["step"]), {n: float(v) for n, v in r["max_abs"].items() if n in names})
+        for r in log
+        if r.get("max_abs")
+    ]
 
 
 def _layer_table(recorder: ActivationRecorder) -> dict[str, Any]:
