@@ -30,13 +30,8 @@ import sys
 
 import torch
 
-from hopfield.experiments.efficiency import (
-    Config,
-    fit_slope,
-    forward_function,
-    peak_bytes,
-    timings,
-)
+from hopfield.experiments.efficiency import Config, fit_slope, forward_function
+from hopfield.experiments.measure import peak_bytes, timings
 
 MODELS = ("dense", "topk", "random-0.9", "window-16", "window-sqrt", "linear", "rf", "rf-relu")
 LINEAR_TARGETS = ("linear", "rf", "rf-relu", "window-16")

@@ -19,9 +19,9 @@ from hopfield.experiments.efficiency import (
     make_model,
     measure,
     model_names,
-    peak_bytes,
     window_size,
 )
+from hopfield.experiments.measure import peak_bytes
 from hopfield.experiments.results import RunContext
 from hopfield.experiments.runner import load_record
 from hopfield.functional import Sparsemax

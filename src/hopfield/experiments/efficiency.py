@@ -26,13 +26,9 @@ Models: ``dense`` (softmax), ``sparsemax``, ``topk`` (``topk_fraction`` of the m
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import statistics
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +42,7 @@ from hopfield.experiments.checks import (
     check_reals,
     check_subset,
 )
+from hopfield.experiments.measure import peak_bytes, timings
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table
 from hopfield.functional import Softmax, Sparsemax, associate
@@ -321,61 +318,6 @@ def layer_flops(
 # ------------------------------------------------------------------------------------------------
 # Measurements
 # ------------------------------------------------------------------------------------------------
-
-
-def timings(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU times (seconds) of ``repeats`` calls of ``fn()`` after ``warmup`` calls.
-
-    The CPU time is :func:`time.process_time` (all threads of this process): on a machine shared
-    with other jobs it leaves out the time the process waited for a core, which wall time does
-    not.
-    """
-    for _ in range(warmup):
-        fn()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fn()
-        cpu.append(time.process_time() - start_cpu)
-        wall.append(time.perf_counter() - start)
-    return wall, cpu
-
-
-@contextlib.contextmanager
-def _silent_fd2() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null (the profiler's C++ start/stop lines)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(null)
-        os.close(saved)
-
-
-def peak_bytes(fn: Callable[[], object]) -> int:
-    """Largest sum of live CPU allocations made during ``fn()`` (profiler memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _silent_fd2():
-        prof.__enter__()
-    try:
-        fn()
-    finally:
-        with _silent_fd2():
-            prof.__exit__(None, None, None)
-    recorded: Any = prof.profiler
-    events = [e for e in recorded.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += int(event.nbytes())
-        peak = max(peak, live)
-    return peak
 
 
 def forward_function(
