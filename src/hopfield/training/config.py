@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -259,6 +260,16 @@ def parameter_groups(
     if plain:
         groups.append({"params": plain, "weight_decay": 0.0})
     return groups
+
+
+def build_optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
+    """The optimiser ``config`` chooses for ``model`` (:func:`parameter_groups`, learning rate
+    ``config.lr``; the schedule is applied by the caller)."""
+    groups = parameter_groups(model, config.weight_decay, config.decay_norm_weights)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
+    kind = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return kind(groups, lr=config.lr, betas=config.betas, eps=config.eps)
 
 
 def micro_batch_layout(batch_size: int, micro_batch_size: int | None, processes: int) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, default_collate
 
-from hopfield.training.config import Period, TrainingConfig, lr_factor, parameter_groups
+from hopfield.training.config import Period, TrainingConfig, build_optimizer, lr_factor
 from hopfield.training.files import (
     _STEP_DIR,
     CHECKPOINT_DIR,
@@ -178,7 +178,7 @@ class Trainer:
         self.checkpoint_every = self._period(config.checkpoint_every)
         self.log_every = self._period(config.log_every)
         self.eval_every = self._period(config.eval_every)
-        optimizer = self._optimizer(model)
+        optimizer = build_optimizer(model, self.config)
         factor = schedule or (lambda step: lr_factor(step, config, self.total_steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
@@ -195,14 +195,6 @@ class Trainer:
 
     def _period(self, value: Period) -> int:
         return self.steps_per_epoch if value == "epoch" else int(value)
-
-    def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        cfg = self.config
-        groups = parameter_groups(model, cfg.weight_decay, cfg.decay_norm_weights)
-        if cfg.optimizer == "sgd":
-            return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-        kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        return kind(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
     @property
     def unwrapped(self) -> nn.Module:
