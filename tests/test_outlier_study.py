@@ -501,9 +501,9 @@ def test_the_opt_paper_preset_uses_the_reference_adam_betas() -> None:
     paper"); BERT and ViT keep torch's (0.9, 0.999); ``--set betas=[...]`` overrides."""
     from dataclasses import replace
 
-    from hopfield.experiments.outliers import Config, _optimiser, resolve
+    from hopfield.experiments.outliers import Config, optimiser_settings, resolve
 
-    paper = {s.family: _optimiser(s)["betas"] for s in resolve(Config(scale="paper"))}
+    paper = {s.family: optimiser_settings(s)["betas"] for s in resolve(Config(scale="paper"))}
     assert paper == {"bert": (0.9, 0.999), "opt": (0.9, 0.95), "vit": (0.9, 0.999)}
     (opt,) = resolve(replace(Config(scale="tiny", model="opt"), betas=(0.8, 0.9)))
     assert opt.betas == (0.8, 0.9)

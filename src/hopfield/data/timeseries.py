@@ -42,6 +42,7 @@ __all__ = [
     "load_series",
     "make_splits",
     "read_series_csv",
+    "series_count",
     "split_sizes",
     "stand_in_series",
     "synthetic_series",
@@ -200,6 +201,16 @@ def synthetic_series(
     signal = amp[0] * np.sin(2 * math.pi * t / period + phase[0])
     signal = signal + amp[1] * np.sin(2 * math.pi * t / (7 * period) + phase[1]) + trend * t
     return signal + noise * rng.standard_normal((n_rows, n_channels))
+
+
+def series_count(dataset: str) -> int:
+    """Series (columns besides ``date``) of forecasting dataset ``dataset`` (a name of
+    :data:`DATASETS` or ``"synthetic"``), without reading its file."""
+    if dataset == "synthetic":
+        return int(synthetic_series(2).shape[1])
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {[*DATASETS, 'synthetic']}, got {dataset!r}")
+    return DATASETS[dataset].shape[1]
 
 
 def stand_in_series(name: str, seed: int = 0) -> tuple[np.ndarray, list[str]]:

@@ -161,6 +161,19 @@ class ForecastRecipe:
                 f"{self.grad_clip}"
             )
 
+    def optimiser_settings(self) -> dict[str, Any]:
+        """The :class:`~hopfield.training.TrainingConfig` fields of the recipe's optimiser step
+        (batch, optimiser, learning rate, weight decay of every weight as the papers' code,
+        gradient clipping); the schedule is per epoch (:func:`epoch_lr_factor`)."""
+        return dict(
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            decay_norm_weights=True,  # the papers' code decays every weight
+        )
+
     @property
     def eval_batch(self) -> int:
         """Windows per evaluation batch."""
@@ -483,12 +496,7 @@ def train_forecaster(
     )
     training = ctx.training_config(
         max_steps=recipe.epochs * per_epoch,
-        batch_size=recipe.batch_size,
-        optimizer=recipe.optimizer,
-        lr=recipe.lr,
-        weight_decay=recipe.weight_decay,
-        grad_clip=recipe.grad_clip,
-        decay_norm_weights=True,  # the papers' code decays every weight
+        **recipe.optimiser_settings(),
         seed=seed,
         checkpoint_every=per_epoch,
         log_every=per_epoch,

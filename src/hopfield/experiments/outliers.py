@@ -81,6 +81,8 @@ __all__ = [
     "VIT_STEPS_PER_EPOCH",
     "Config",
     "ModelSettings",
+    "architecture",
+    "optimiser_settings",
     "relative_reduction",
     "resolve",
     "run",
@@ -544,7 +546,7 @@ def resolve(config: Config) -> list[ModelSettings]:
     return resolved
 
 
-def _optimiser(settings: ModelSettings) -> dict[str, Any]:
+def optimiser_settings(settings: ModelSettings) -> dict[str, Any]:
     """The :class:`~hopfield.training.TrainingConfig` fields a model's settings choose (all
     but the step count and the seed)."""
     return dict(
@@ -605,10 +607,12 @@ def _check_settings(settings: ModelSettings) -> None:
     if settings.percentile is not None:
         check_reals(settings, "percentile", low=0.0, high=100.0, low_open=True)
     with config_errors():  # the optimiser's fields, as the Trainer will check them
-        TrainingConfig(max_steps=settings.steps, **_optimiser(settings))
+        TrainingConfig(max_steps=settings.steps, **optimiser_settings(settings))
 
 
-def _architecture(settings: ModelSettings) -> dict[str, Any]:
+def architecture(settings: ModelSettings) -> dict[str, Any]:
+    """The :func:`hopfield.integrations.build_model` keywords of a family's architecture (layers,
+    widths, heads, dropout; OPT's initialisation std)."""
     common = {
         "num_hidden_layers": settings.layers,
         "hidden_size": settings.hidden,
@@ -653,11 +657,11 @@ def _train_and_evaluate(
     from hopfield.training import Trainer
 
     seed_everything(train_seed)
-    model = build_model(settings.family, variant, **task.model_config, **_architecture(settings))
+    model = build_model(settings.family, variant, **task.model_config, **architecture(settings))
     steps = settings.steps
     training = ctx.training_config(
         max_steps=steps,
-        **_optimiser(settings),
+        **optimiser_settings(settings),
         seed=train_seed,
         checkpoint_every=config.checkpoint_every or (min(steps // 4, 5000) if steps >= 100 else 0),
         log_every=config.log_every or max(1, steps // 50),

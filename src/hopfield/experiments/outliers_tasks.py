@@ -69,6 +69,7 @@ __all__ = [
     "load_image_folder",
     "main_process_first",
     "same_run",
+    "stand_in_model_config",
 ]
 
 #: Regular expression of layer ``{j}`` of each family's ``transformers`` model.
@@ -707,6 +708,25 @@ def _image_task(settings: Any, data_dir: Path | None, stand_in: bool) -> Task:
         ),
         stand_in=stood_in,
     )
+
+
+def stand_in_model_config(settings: Any) -> dict[str, Any]:
+    """The :func:`hopfield.integrations.build_model` keywords the text task of ``settings`` (BERT
+    or OPT) gives (vocabulary, special ids, positions), with the special ids of the stand-in or
+    synthetic data, without reading a corpus or training a tokenizer (the sizes are what
+    matter: ``hopfield plan``, ``outlier-cost``)."""
+    from hopfield.data import synthetic_text as st
+    from hopfield.data.text import stand_in_special_ids
+
+    if settings.dataset == "synthetic":
+        ids = {"pad": st.PAD, "bos": st.BOS, "eos": st.DELIM}
+    else:
+        ids = stand_in_special_ids("wordpiece" if settings.family == "bert" else "bpe")
+    config: dict[str, Any] = {"vocab_size": settings.vocab_size, "pad_token_id": ids["pad"]}
+    if settings.family == "opt":
+        config.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"])
+    config["max_position_embeddings"] = settings.max_positions or settings.seq_len
+    return config
 
 
 def build_task(settings: Any, data_dir: Path | None, stand_in: bool = False) -> Task:

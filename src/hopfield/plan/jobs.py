@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hopfield.data.timeseries import series_count
 from hopfield.plan import DataNeed, TrainingJob
 from hopfield.training import steps_per_epoch
 
@@ -182,23 +183,6 @@ def convergence_jobs(config: Any) -> list[TrainingJob]:
 # --- outliers (BERT, OPT, ViT) ------------------------------------------------------------------
 
 
-def _text_model_config(settings: Any) -> dict[str, Any]:
-    """The ``build_model`` keywords the study's text task gives (vocabulary, special ids,
-    positions), with the ids of the stand-in / synthetic data (the sizes are what matter)."""
-    from hopfield.data import synthetic_text as st
-    from hopfield.data.text import stand_in_special_ids
-
-    if settings.dataset == "synthetic":
-        ids = {"pad": st.PAD, "bos": st.BOS, "eos": st.DELIM}
-    else:
-        ids = stand_in_special_ids("wordpiece" if settings.family == "bert" else "bpe")
-    config: dict[str, Any] = {"vocab_size": settings.vocab_size, "pad_token_id": ids["pad"]}
-    if settings.family == "opt":
-        config.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"])
-    config["max_position_embeddings"] = settings.max_positions or settings.seq_len
-    return config
-
-
 def _text_needs(dataset: str) -> tuple[DataNeed, ...]:
     from hopfield.data.text import WIKITEXT2_FILES
 
@@ -225,7 +209,8 @@ def _text_needs(dataset: str) -> tuple[DataNeed, ...]:
 
 def outliers_jobs(config: Any) -> list[TrainingJob]:
     """Every (model family, attention variant) of the outlier study; runs = training seeds."""
-    from hopfield.experiments.outliers import PAPER_TABLE1, _architecture, resolve
+    from hopfield.experiments.outliers import PAPER_TABLE1, architecture, resolve
+    from hopfield.experiments.outliers_tasks import stand_in_model_config
     from hopfield.integrations import build_model, paper_parameter_count
 
     jobs = []
@@ -237,7 +222,7 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
     )  # fmt: skip
     for settings in resolve(config):
         family = settings.family
-        arch = _architecture(settings)
+        arch = architecture(settings)
         if family == "vit":
             if settings.dataset == "imagenet":
                 channels, side, classes = 3, settings.image_size, 1000
@@ -269,7 +254,7 @@ def outliers_jobs(config: Any) -> list[TrainingJob]:
                 return model(pixel_values=images, labels=labels).loss
 
         else:
-            model_config = _text_model_config(settings)
+            model_config = stand_in_model_config(settings)
             tokens = settings.seq_len
             data = _text_needs(settings.dataset)
             note = (
@@ -458,15 +443,6 @@ def outlier_benchmark_jobs(config: Any) -> list[TrainingJob]:
 # --- stanhop-outliers ---------------------------------------------------------------------------
 
 
-def _series_columns(dataset: str) -> int:
-    """Series (columns besides ``date``) of a forecasting dataset."""
-    from hopfield.data.timeseries import DATASETS, synthetic_series
-
-    if dataset == "synthetic":
-        return int(synthetic_series(2).shape[1])
-    return DATASETS[dataset].shape[1]
-
-
 #: STanHop-Net parameter counts as OutEffHop Table 1 prints them (ETTh1, T 168, τ 24, L 6),
 #: counted without the position tables (spec stanhop.md §11).
 STANHOP_PAPER_COUNTS = {
@@ -522,7 +498,7 @@ def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
         train, where = _train_rows(dataset, protocol, config.max_rows)
         windows = train - in_len - horizon + 1
         per_epoch = _epoch_steps(windows, batch, config.max_train_batches)
-        series = _series_columns(dataset)
+        series = series_count(dataset)
         note = (
             f"stanhop {dataset} T{in_len}→{horizon}: {where}, {windows:,} windows, {per_epoch} "
             f"steps per epoch at batch {batch}, at most {config.epochs} epochs (early stopping "
@@ -573,7 +549,7 @@ def timeseries_hopfield_jobs(config: Any) -> list[TrainingJob]:
     jobs = []
     for dataset in config.datasets:
         train, where = _train_rows(dataset, "ratio", config.max_rows)
-        columns = _series_columns(dataset)
+        columns = series_count(dataset)
         inputs = 1 if config.features == "S" else columns
         targets = columns if config.features == "M" else 1
         for horizon in config.horizons:
