@@ -26,6 +26,8 @@ __all__ = [
     "benchmark_pairs",
     "combine",
     "convergence_speed",
+    "cost_memory",
+    "cost_time",
     "efficiency_flops",
     "efficiency_time",
     "formation_variants",
@@ -794,6 +796,57 @@ def stanhop_params(model: str) -> Extractor:
         if not counts:
             raise NotTested(f"no {model} run in stanhop-outliers")
         return Measured(float(min(counts)))
+
+    return extract
+
+
+# ------------------------------------------------------------------------- outlier cost
+
+
+def _cost_rounds(record: ExperimentRecord, family: str) -> list[dict[str, Any]]:
+    """The timing rounds of ``family`` in ``outlier-cost/measurements.json``."""
+    rounds = record.side("measurements.json")["families"].get(family, {}).get("rounds")
+    if not rounds:
+        raise NotTested(f"outlier-cost at {record.preset} measured no {family}")
+    return list(rounds)
+
+
+def cost_time(family: str) -> Extractor:
+    """Table 4's time: OutEffHop's log training-step throughput ``−ln(seconds per step)``
+    against vanilla's, paired over the timing rounds of ``outlier-cost`` (the replicates: each
+    round times both variants, in alternating order), on the record's clock (``config.clock``:
+    process CPU or wall time)."""
+
+    def read(record: ExperimentRecord) -> list[Comparison]:
+        clock = str(record.config.get("clock", "cpu"))
+        rounds = _cost_rounds(record, family)
+
+        def throughput(variant: str) -> Samples:
+            return {f"round {i}": -math.log(float(r[variant][clock])) for i, r in enumerate(rounds)}
+
+        return [pair(f"vanilla (ln steps/s, {clock} clock)", throughput("softmax1"),
+                     throughput("softmax"), "OutEffHop")]  # fmt: skip
+
+    return empirical(read)
+
+
+def cost_memory(family: str) -> Extractor:
+    """Table 4's memory: the largest ``|100·(OutEffHop/vanilla − 1)|`` (%) over the rounds of
+    ``outlier-cost`` of a training step's peak memory. Exact: the bytes a step allocates are
+    the same in every round (the rounds repeat one count; they are no independent replicates),
+    so the claim is a bound on that count's relative difference."""
+
+    def extract(record: ExperimentRecord) -> Evidence:
+        changes = [
+            100.0 * (float(r["softmax1"]["peak_bytes"]) / float(r["softmax"]["peak_bytes"]) - 1)
+            for r in _cost_rounds(record, family)
+        ]
+        worst = max(changes, key=abs)
+        detail = (
+            f"OutEffHop/vanilla peak memory of a step {min(changes):+.3g} % to "
+            f"{max(changes):+.3g} % over {len(changes)} rounds"
+        )
+        return Measured(abs(worst), detail)
 
     return extract
 

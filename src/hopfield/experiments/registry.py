@@ -201,6 +201,13 @@ LISTINGS: tuple[Listing, ...] = (
         "Sun et al. 2024",
     ),
     Listing(
+        "outlier-cost",
+        "training-step time and peak memory of vanilla Softmax vs OutEffHop attention "
+        "in BERT, OPT, ViT and STanHop-Net",
+        ("tiny", "small", "paper"),
+        "OutEffHop (Hu et al., 2024) Table 4 / Fig. 8 (App. D.3)",
+    ),
+    Listing(
         "outlier-formation",
         "Search for the cheapest recipe under which vanilla attention forms outliers; compare the six attention variants under it",
         ("tiny", "small", "decisive", "paper"),
