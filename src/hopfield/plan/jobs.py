@@ -996,9 +996,10 @@ NOT_TRAINED: dict[str, str] = {
     "image patterns; it measures retrieval success against the number of stored patterns",
     "noise-robustness": "static Hopfield memories retrieve image patterns from queries with "
     "Gaussian noise; it measures retrieval success against the noise level",
-    "outlier-cost": "it trains no model through: it times interleaved training steps of vanilla Softmax and OutEffHop "
-    "attention in BERT, OPT, ViT and STanHop-Net on one synthetic batch each and measures their "
-    "peak memory (a few hundred steps per model; the paper preset needs a GPU for minutes)",
+    "outlier-cost": "it times a few hundred interleaved training steps (forward, backward, "
+    "optimiser) of vanilla Softmax and OutEffHop attention in BERT, OPT, ViT and STanHop-Net on "
+    "one synthetic batch each and measures their peak memory, training no model to the end "
+    "(minutes on one GPU at the paper preset)",
     "retrieval-demo": "scikit-learn digits are stored in a static Hopfield memory and retrieved "
     "from half-masked and noisy queries with Softmax, Softmax_1 and Sparsemax",
     "theory": "numeric checks of the OutEffHop and nonparametric Hopfield statements (energies, "
