@@ -82,6 +82,21 @@ def test_bad_configurations_name_their_field(change: dict[str, Any], field: str)
     assert isinstance(error.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ({"mixed_precision": "bf16"}, "--mixed-precision"),
+        ({"micro_batch_size": 2}, "--micro-batch"),
+    ],
+)
+def test_run_options_it_cannot_honour_are_refused(
+    tmp_path: Path, option: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigError, match=named):
+        run_experiment("outlier-cost", "tiny", tmp_path, progress=False, **option)
+    assert not (tmp_path / "outlier-cost" / "measurements.json").exists()  # refused before timing
+
+
 def test_every_preset_is_valid_and_the_paper_ratios_are_table_4s() -> None:
     for config in PRESETS.values():
         check_config(config)

@@ -471,9 +471,25 @@ def summarise(config: Config, families: dict[str, dict[str, Any]]) -> Results:
     return Results(tables=[table], metrics=metrics, notes=notes)
 
 
+def _check_run_options(ctx: RunContext) -> None:
+    """:class:`ConfigError` for run options this experiment would otherwise ignore: it times
+    float32 steps of the preset's own micro-batch."""
+    if ctx.mixed_precision not in (None, "no"):
+        raise ConfigError(
+            f"--mixed-precision {ctx.mixed_precision}: outlier-cost times float32 training "
+            "steps only; leave the option out"
+        )
+    if ctx.micro_batch_size is not None:
+        raise ConfigError(
+            "--micro-batch-size: outlier-cost times one step of the preset's own batch; "
+            "leave the option out"
+        )
+
+
 def run(config: Config, ctx: RunContext) -> Results:
     """Measure every family (resuming), then tabulate."""
     check_config(config)
+    _check_run_options(ctx)
     return summarise(config, measure(config, ctx))
 
 
