@@ -136,12 +136,18 @@ SUDOKU = [
     Claim("HS-F5-energy", PAPER, "Fig. 5, §5.1",
           "Both energies (attention and feed-forward) decrease along the iterations.",
           "curves only", "slope of E_ATTN and E_FF over the iterations", "lower", "empirical",
-          "hyperset-sudoku", hyperset_trajectory("hyperset", [("e_attn", "slope"), ("e_ff", "slope")])),
+          "hyperset-sudoku", hyperset_trajectory("hyperset", [("e_attn", "slope"), ("e_ff", "slope")]),
+          note="Per replicate (seed), the least-squares slope of each energy over Hyper-SET's L "
+          "training iterations on the test puzzles (`analysis` in runs.json; the rows past L, "
+          "test-time extrapolation, left out), against 0."),
     Claim("HS-F6-uniformity", PAPER, "Fig. 6, §5.1",
           "Token representations grow more uniform along the iterations: effective rank and "
           "average angle rise.", "curves only", "change of effective rank and angle over L",
           "higher", "empirical", "hyperset-sudoku",
-          hyperset_trajectory("hyperset", [("erank", "change"), ("angle", "change")])),
+          hyperset_trajectory("hyperset", [("erank", "change"), ("angle", "change")]),
+          note="Per replicate (seed), the effective rank and the average angle (means over "
+          "heads) after iteration L less after iteration 1 (`analysis` in runs.json), against "
+          "0."),
 ]  # fmt: skip
 
 
