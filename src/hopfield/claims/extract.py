@@ -576,6 +576,13 @@ def _figure2_curve_mean(curve: Sequence[Any], layers: int | None = None) -> floa
     return statistics.fmean(peaks) if peaks else None
 
 
+def _study_layers(run: dict[str, Any]) -> int | None:
+    """The layer count of an ``outliers`` study run (``None`` for an ``outlier-formation`` run,
+    whose curve logs every layer)."""
+    identity = run.get("identity")
+    return int(identity["settings"]["layers"]) if identity else None
+
+
 def outlier_curves(family: str, pairs: Sequence[tuple[str, str]]) -> Extractor:
     """Figure 2(a-c): per pair ``(counterpart, OutEffHop variant)``, the variant against its
     counterpart on the mean over a run's training curve of ``max |x|`` at layer ``L - 2`` (the
@@ -584,39 +591,26 @@ def outlier_curves(family: str, pairs: Sequence[tuple[str, str]]) -> Extractor:
     OPT, ``outlier-formation``'s (``curve`` in ``compare.json``, every arm that passes its
     validity gate). Runs without a curve are left out."""
 
-    def study(record: ExperimentRecord) -> Callable[[str], Samples]:
-        _require_outliers(family, _outlier_runs(record, family, "softmax"))
-
-        def samples(variant: str) -> Samples:
-            runs = _outlier_runs(record, family, variant).items()
-            means = {
-                unit: _figure2_curve_mean(
-                    run.get("curve", ()), run["identity"]["settings"]["layers"]
-                )
-                for unit, run in runs
-            }
-            return {unit: mean for unit, mean in means.items() if mean is not None}
-
-        return samples
-
-    def formation(record: ExperimentRecord) -> Callable[[str], Samples]:
-        arms = _formation_runs(record, needs_outliers=True)
-
-        def samples(variant: str) -> Samples:
-            means = {
-                f"{unit} seed {key.split('/seed')[1]}".lstrip(): _figure2_curve_mean(
-                    run.get("curve", ())
-                )
-                for unit, runs in arms.items()
-                for key, run in runs.items()
-                if key.split("/seed")[0] == variant
-            }
-            return {unit: mean for unit, mean in means.items() if mean is not None}
-
-        return samples
-
     def read(record: ExperimentRecord) -> list[Comparison]:
-        samples = formation(record) if record.name == "outlier-formation" else study(record)
+        if record.name == "outlier-formation":
+            arms = _formation_runs(record, needs_outliers=True)
+
+            def runs_of(variant: str) -> dict[str, dict[str, Any]]:
+                return _formation_variant_runs(arms, variant)
+
+        else:
+            _require_outliers(family, _outlier_runs(record, family, "softmax"))
+
+            def runs_of(variant: str) -> dict[str, dict[str, Any]]:
+                return _outlier_runs(record, family, variant)
+
+        def samples(variant: str) -> Samples:
+            means = {
+                unit: _figure2_curve_mean(run.get("curve", ()), _study_layers(run))
+                for unit, run in runs_of(variant).items()
+            }
+            return {unit: mean for unit, mean in means.items() if mean is not None}
+
         return [pair(old, samples(new), samples(old), new) for old, new in pairs]
 
     return empirical(read)
@@ -644,6 +638,19 @@ def _formation_runs(record: ExperimentRecord, needs_outliers: bool) -> dict[str,
     return {arm: record.side(f"arms/{arm}/compare.json")["runs"] for arm in arms}
 
 
+def _formation_variant_runs(
+    arms: dict[str, dict[str, Any]], variant: str
+) -> dict[str, dict[str, Any]]:
+    """The runs of ``variant`` in :func:`_formation_runs`' arms, keyed by unit (``"seed N"``,
+    or ``"<arm> seed N"`` in the decisive test)."""
+    return {
+        f"{unit} seed {key.split('/seed')[1]}".lstrip(): run
+        for unit, runs in arms.items()
+        for key, run in runs.items()
+        if key.split("/seed")[0] == variant
+    }
+
+
 def formation_variants(
     pairs: Sequence[tuple[str, str, str]], *, needs_outliers: bool = True
 ) -> Extractor:
@@ -662,12 +669,7 @@ def formation_variants(
         runs = _formation_runs(record, needs_outliers)
 
         def samples(variant: str, metric: str) -> Samples:
-            return {
-                f"{unit} seed {key.split('/seed')[1]}".lstrip(): value(run, metric)
-                for unit, arm in runs.items()
-                for key, run in arm.items()
-                if key.split("/seed")[0] == variant
-            }
+            return {u: value(r, metric) for u, r in _formation_variant_runs(runs, variant).items()}
 
         return [
             pair(f"{old} ({m})", samples(new, m), samples(old, m), new) for new, old, m in pairs
