@@ -17,6 +17,7 @@ from hopfield.data.timeseries import (
     load_series,
     make_splits,
     read_series_csv,
+    series_count,
     split_sizes,
     synthetic_series,
 )
@@ -158,3 +159,11 @@ def test_real_etth1_stanhop_counts(shared_data: Path) -> None:
     np.testing.assert_allclose(splits.std, values[:8640].std(0))
     uni = load_forecasting("ETTh1", 96, 96, data_dir=shared_data, features="S")
     assert uni.sizes == (12194, 1742, 3484) and uni.columns[-1] == DATASETS["ETTh1"].target
+
+
+def test_series_count_without_reading_files() -> None:
+    assert series_count("ETTh1") == DATASETS["ETTh1"].shape[1] == 7
+    assert series_count("WTH") == DATASETS["WTH"].shape[1]
+    assert series_count("synthetic") == synthetic_series(2).shape[1]
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        series_count("ETTh9")
