@@ -53,9 +53,7 @@ def whole_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
     """Make every threshold use the whole row (full sort, or Newton on the unsorted row)."""
 
     def use() -> None:
-        monkeypatch.setattr(sep_module, "_FIRST_K_SPARSEMAX", 10**9)
-        monkeypatch.setattr(sep_module, "_FIRST_K_ENTMAX15", 10**9)
-        monkeypatch.setattr(sep_module, "_first_k_bisect", lambda coef: 0)
+        monkeypatch.setattr(sep_module, "_first_k", lambda k, size: size)
 
     yield use
 
@@ -92,6 +90,40 @@ def test_partial_sort_equals_full_sort(
         assert torch.equal(got == 0, want == 0)  # the same exact zeros
     support = (fast[0] > 0).sum(-1)
     assert int(support.max()) > 64 and int(support.min()) == 0  # retries and a masked row
+
+
+def test_first_k_halves_for_short_rows() -> None:
+    """Rows shorter than twice the preferred k take a halved partial sort, not the whole sort,
+    down to the smallest first k; 0 and rows too short for it take the whole row."""
+    assert sep_module._first_k(64, 1024) == 64
+    assert sep_module._first_k(64, 128) == 32
+    assert sep_module._first_k(64, 64) == 16
+    assert sep_module._first_k(64, 40) == 16
+    assert sep_module._first_k(16, 32) == 32
+    assert sep_module._first_k(0, 700) == 700
+    assert sep_module._first_k(1, 700) == 1
+
+
+@pytest.mark.parametrize("keys", [48, 64, 128])
+@pytest.mark.parametrize("alpha", [2.0, 1.5])
+def test_short_rows_partial_sort_equals_the_whole_row(
+    whole_rows: Callable[[], None], monkeypatch: pytest.MonkeyPatch, keys: int, alpha: float
+) -> None:
+    """Rows of 48 to 128 keys: the (for 1.5-entmax halved) first partial sort (with its retries: rows of scale 10
+    have larger supports) gives the whole-row weights, exact zeros and gradients."""
+    z = mixed_rows(64, keys, torch.float64)
+    taken: list[int] = []
+    topk = torch.Tensor.topk
+    monkeypatch.setattr(
+        torch.Tensor, "topk", lambda self, k, **kw: taken.append(k) or topk(self, k, **kw)
+    )
+    fast = forward_backward(entmax, z, alpha)
+    assert taken and max(taken) < keys  # a partial sort was taken
+    whole_rows()
+    full = forward_backward(entmax, z, alpha)
+    for got, want in zip(fast, full, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    assert torch.equal(fast[0] == 0, full[0] == 0)
 
 
 def test_sparsemax_and_entmax15_long_rows_match_the_float64_oracles() -> None:
