@@ -337,3 +337,28 @@ def test_inference_caches_follow_weight_and_scale_changes() -> None:
     loaded, reference = both()
     torch.testing.assert_close(loaded, reference, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(loaded, changed)
+
+
+@pytest.mark.parametrize("pattern_size", [4, 3])
+def test_stacked_projections_split_into_heads_as_the_three_projections(pattern_size: int) -> None:
+    """The inference path views the one stacked product as the heads (the same head size for
+    queries and values) or splits it (value heads of another size); both equal the three
+    projections that run with gradients."""
+    torch.manual_seed(0)
+    layer = Hopfield(
+        8,
+        num_heads=2,
+        hidden_size=4,
+        pattern_size=pattern_size,
+        batch_first=True,
+        dtype=torch.float64,
+    ).eval()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        fast = layer(x, return_heads=True)
+    slow = layer(x, return_heads=True)
+    assert isinstance(fast, HopfieldOutput) and isinstance(slow, HopfieldOutput)
+    assert fast.heads is not None and slow.heads is not None and slow.output.requires_grad
+    assert fast.heads.shape == (3, 2, 5, pattern_size)
+    torch.testing.assert_close(fast.heads, slow.heads.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fast.output, slow.output.detach(), rtol=1e-12, atol=1e-12)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -314,8 +314,11 @@ class Hopfield(nn.Module):
                     f"got {tuple(t.shape)}"
                 )
         dtype = self._input_dtype()
-        for name, t, _ in expected:
-            check_patterns("input" if isinstance(input, Tensor) else f"{name} patterns", t, dtype)
+        if isinstance(input, Tensor):  # one tensor in all three roles: checked once
+            check_patterns("input", input, dtype)
+        else:
+            for name, t, _ in expected:
+                check_patterns(f"{name} patterns", t, dtype)
         if not self.batch_first:
             stored, state, projection = (t.transpose(0, 1) for t in (stored, state, projection))
         if stored.shape[:2] != projection.shape[:2]:
@@ -352,43 +355,56 @@ class Hopfield(nn.Module):
                 self.norm_state(state),
                 self.norm_projection(projection),
             )
-        if self.q_proj is None or self.k_proj is None or self.v_proj is None:
-            q, k, v = state, stored, projection
-        elif (
-            stored is state
+        if (
+            self.q_proj is not None
+            and self.k_proj is not None
+            and self.v_proj is not None
+            and stored is state
             and state is projection
             and not self.tie_values_to_keys
             and all(isinstance(p, nn.Linear) for p in (self.q_proj, self.k_proj, self.v_proj))
         ):
-            q, k, v = self._packed_projections(state)
+            q, k, v = self._packed_projections(state)  # already split into heads
         else:
-            q, k = self.q_proj(state), self.k_proj(stored)
-            v = self.v_proj(k if self.tie_values_to_keys else projection)
-        q, k, v = (
-            self._heads(q, self.hidden_size),
-            self._heads(k, self.hidden_size),
-            self._heads(v, self.pattern_size),
-        )
+            if self.q_proj is None or self.k_proj is None or self.v_proj is None:
+                q, k, v = state, stored, projection
+            else:
+                q, k = self.q_proj(state), self.k_proj(stored)
+                v = self.v_proj(k if self.tie_values_to_keys else projection)
+            q, k, v = (
+                self._heads(q, self.hidden_size),
+                self._heads(k, self.hidden_size),
+                self._heads(v, self.pattern_size),
+            )
         if self.norm_q is not None and self.norm_k is not None:
             q, k = self.norm_q(q), self.norm_k(k)
         return q, k, v
 
     def _packed_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The query, key and value projections of one input ``x (B, N, ·)`` (self-association).
+        """The per-head query, key and value projections ``(B, H, N, ·)`` of one input
+        ``x (B, N, ·)`` (self-association).
 
         Without gradients to the projections they run as one matrix product with the three
-        weights stacked; the stacked weights are kept between calls and rebuilt when a weight
-        or bias changes (its storage or version), so the per-call cost is that of one
-        ``nn.Linear``. With gradients (training) or under tracing: three ``nn.Linear`` calls.
+        weights stacked, whose output is viewed as the heads (no copies); the stacked weights
+        are kept between calls and rebuilt when a weight or bias changes (its storage or
+        version), so the per-call cost is that of one ``nn.Linear``. With gradients (training)
+        or under tracing: three ``nn.Linear`` calls.
         """
-        q_proj, k_proj, v_proj = self.q_proj, self.k_proj, self.v_proj
-        assert q_proj is not None and k_proj is not None and v_proj is not None
-        layers = (q_proj, k_proj, v_proj)
+        modules = self._modules  # dict reads: nn.Module's attribute lookup costs a microsecond
+        layers = cast(
+            tuple[nn.Linear, nn.Linear, nn.Linear],
+            (modules["q_proj"], modules["k_proj"], modules["v_proj"]),
+        )
+        q_proj, k_proj, v_proj = layers
         tensors = [t for p in layers for t in (p.weight, p.bias) if t is not None]
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         ) or torch.jit.is_tracing():
-            return q_proj(x), k_proj(x), v_proj(x)
+            return (
+                self._heads(q_proj(x), self.hidden_size),
+                self._heads(k_proj(x), self.hidden_size),
+                self._heads(v_proj(x), self.pattern_size),
+            )
         key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         cached = getattr(self, "_packed_cache", None)
         if cached is None or cached[0] != key:
@@ -396,8 +412,17 @@ class Hopfield(nn.Module):
             bias = None if q_proj.bias is None else torch.cat([p.bias for p in layers])
             cached = (key, weight, bias)
             self._packed_cache = cached
-        q, k, v = F.linear(x, cached[1], cached[2]).split([p.out_features for p in layers], -1)
-        return q, k, v
+        packed = F.linear(x, cached[1], cached[2])
+        batch, length, heads = x.shape[0], x.shape[1], self.num_heads
+        if self.hidden_size == self.pattern_size:  # (B, N, 3, H, E) -> three (B, H, N, E) views
+            q, k, v = packed.view(batch, length, 3, heads, self.hidden_size).unbind(2)
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = packed.split([p.out_features for p in layers], -1)
+        return (
+            self._heads(q, self.hidden_size),
+            self._heads(k, self.hidden_size),
+            self._heads(v, self.pattern_size),
+        )
 
     def _scale_argument(self) -> Tensor | float:
         """``self.scale`` for :func:`associate`: a fixed scale that every head shares as its
