@@ -192,11 +192,12 @@ def test_prf_kernel_estimate_converges_like_one_over_sqrt_m(orthogonal: bool) ->
     assert errors[-1] < 0.1
 
 
+@pytest.mark.parametrize("count", [32, 21])  # 21: padded with zero features to 32
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 @pytest.mark.parametrize("causal,length,size", [(False, 9, 13), (True, 10, 10), (True, 6, 9)])
-def test_random_features_equal_naive_formula(kernel, causal, length, size) -> None:
+def test_random_features_equal_naive_formula(kernel, causal, length, size, count) -> None:
     q, k, v = patterns(length=length, size=size, e=6)
-    rf = RandomFeatures(32, kernel=kernel, seed=0, chunk_size=4, dtype=D)
+    rf = RandomFeatures(count, kernel=kernel, seed=0, chunk_size=4, dtype=D)
     scale = torch.tensor([0.3, 0.5, 0.8], dtype=D).view(3, 1, 1)
     padding = torch.ones(2, 1, 1, size, dtype=torch.bool)
     padding[1, ..., size - 3 :] = False
@@ -219,7 +220,7 @@ def test_random_features_equal_naive_formula(kernel, causal, length, size) -> No
     torch.testing.assert_close(torch.matmul(weights, v), out)
     if kernel == "relu":
         w = rf.projection
-        assert w is not None and w.shape == (32, 6)
+        assert w is not None and w.shape == (count, 6)
         phi_q = F.relu((q * scale.sqrt()) @ w.T) + 1e-3
         phi_k = F.relu((k * scale.sqrt()) @ w.T) + 1e-3
         torch.testing.assert_close(kernel_matrix, phi_q @ phi_k.transpose(-1, -2))
@@ -423,3 +424,20 @@ def test_random_features_fast_query_path_is_a_per_row_rescaling(scale) -> None:
         ratio = fast / plain
         assert bool((ratio > 0).all())
         torch.testing.assert_close(ratio, ratio.mean(dim=dims, keepdim=True).expand_as(ratio))
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "relu"])
+def test_random_features_padding_features_are_exact_zeros(kernel: str) -> None:
+    """The association widens the features with zeros to a multiple of 16 (faster products):
+    the drawn features are those :meth:`features` gives, the padding ones exactly 0, and no
+    gradient reaches the patterns through them."""
+    q, _, _ = patterns(length=7, size=7, e=5)
+    rf = RandomFeatures(11, kernel=kernel, seed=0, dtype=D)
+    for is_query in (True, False):
+        x = q.clone().requires_grad_(True)
+        padded = rf._padded_features(x, 0.5, is_query)
+        assert padded.shape[-1] == 16
+        assert bool((padded[..., 11:] == 0).all())
+        torch.testing.assert_close(padded[..., :11], rf.features(x, 0.5, is_query=is_query))
+        (grad,) = torch.autograd.grad(padded[..., 11:].sum() + 0 * padded.sum(), x)
+        assert torch.equal(grad, torch.zeros_like(grad))
