@@ -208,3 +208,71 @@ def test_bad_input_raises_clear_errors(kwargs: dict, error: type, match: str) ->
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     with pytest.raises(error, match=match):
         associate(q, k, v, **args)
+
+
+@pytest.fixture
+def split_keys(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Small key parts and four threads, so that small problems take the split-key flash path."""
+    from hopfield.functional import structures
+
+    monkeypatch.setattr(structures, "KEYS_PER_PART", 4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield structures
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 5, 37), (1, 2, 3, 40), (2, 1, 4, 33)], ids=["one-head", "two-heads", "batch"]
+)
+@pytest.mark.parametrize("sep", [Softmax(), SoftmaxN(1), SoftmaxN(0.5)], ids=repr)
+def test_split_key_flash_equals_reference_values_and_gradients(
+    split_keys, shape: tuple[int, int, int, int], sep: Separation
+) -> None:
+    """Fewer batch-heads than threads: the keys run as parts (with a remainder part where they
+    do not divide) merged by their log-sum-exps; values, lse and gradients are the reference's."""
+    batch, heads, length, size = shape
+    q, k, v = (
+        torch.randn(batch, heads, n, E, dtype=torch.float64).requires_grad_(True)
+        for n in (length, size, size)
+    )
+    parts = split_keys._key_parts(q, k, None, False)
+    assert parts >= 2
+    out = associate(q, k, v, separation=sep)
+    expected = reference(q, k, v, sep, 1 / math.sqrt(E), None)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+    _, lse = split_keys.flash_attention(q, k, v, None, False, 1 / math.sqrt(E))
+    scores = torch.einsum("bhle,bhse->bhls", q, k) / math.sqrt(E)
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_split_key_flash_in_low_precision_matches_the_whole_call(split_keys, dtype) -> None:  # type: ignore[no-untyped-def]
+    q, k, v = (torch.randn(1, 1, n, E, dtype=dtype) for n in (6, 50, 50))
+    split = associate(q, k, v)
+    split_keys.KEYS_PER_PART = 10**9  # one part: the kernel's own call
+    whole = associate(q, k, v)
+    assert isinstance(split, torch.Tensor) and isinstance(whole, torch.Tensor)
+    assert split.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(split.float(), whole.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_keys_are_split_only_where_it_balances_the_threads(split_keys) -> None:  # type: ignore[no-untyped-def]
+    """No split with a mask, causal association, as many batch-heads as threads, too few keys,
+    or several heads whose keys do not divide into views."""
+    q, k = torch.randn(1, 1, 3, E), torch.randn(1, 1, 40, E)
+    assert split_keys._key_parts(q, k, None, False) == 4
+    assert split_keys._key_parts(q, k, torch.ones(1, 1, 3, 40, dtype=torch.bool), False) == 1
+    assert split_keys._key_parts(q, k, None, True) == 1
+    assert split_keys._key_parts(torch.randn(4, 1, 3, E), k, None, False) == 1
+    assert split_keys._key_parts(q, torch.randn(1, 1, 7, E), None, False) == 1
+    two = torch.randn(1, 2, 3, E)
+    assert split_keys._key_parts(two, torch.randn(1, 2, 40, E), None, False) == 2
+    assert split_keys._key_parts(two, torch.randn(1, 2, 41, E), None, False) == 1

@@ -431,9 +431,7 @@ def _flash_sink_forward(
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """:class:`_FlashSink`'s forward pass: ``(out, lse of the augmented scores, p_s)``."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
-    )
+    out, lse = flash_attention(q, k, v, mask, is_causal, scale)
     abstained = None
     if sink is not None:
         if mask is not None:  # the kernel gives lse = 0 to a fully masked row: it has none
@@ -446,6 +444,64 @@ def _flash_sink_forward(
             out.add_((abstained * value_sink.to(lse.dtype)).to(out.dtype))
         lse = augmented
     return out, lse, abstained
+
+
+#: The fewest keys a part of a split-key flash call gets (smaller parts cost more to merge
+#: than the balance they bring).
+KEYS_PER_PART = 1024
+
+
+def _key_parts(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> int:
+    """Into how many parts :func:`flash_attention` splits the keys (1: none)."""
+    if mask is not None or is_causal:
+        return 1
+    batch_heads = q.shape[0] * q.shape[1]
+    threads = torch.get_num_threads()
+    if batch_heads >= threads:
+        return 1
+    parts = min(threads // batch_heads, k.shape[-2] // KEYS_PER_PART)
+    if q.shape[1] > 1 and k.shape[-2] % parts:  # the parts would not be views of the keys
+        return 1
+    return parts
+
+
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float
+) -> tuple[Tensor, Tensor]:
+    """The CPU flash kernel's ``(out (B, H, L, Ev), lse (B, H, L))`` of softmax attention.
+
+    The kernel shares its work among threads by batch, head and block of queries only, so few
+    heads with few queries leave threads idle or unbalanced (100 queries of one head on two
+    threads: blocks of 32, 32, 32 and 4 rows, one thread doing 64 rows and the other 36). With
+    fewer batch-heads than threads and no mask, the keys are split into parts that run as
+    extra heads over views of ``k`` and ``v``, and the parts' outputs are merged by their
+    log-sum-exps (``lse = logsumexp_t lse_t``, ``out = Σ_t exp(lse_t - lse) out_t``; split-KV,
+    as in flash decoding). Every key is still read once per query block; the result is the
+    kernel's up to rounding, and ``lse`` is what its backward takes.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    parts = _key_parts(q, k, mask, is_causal)
+    if parts < 2:
+        out, lse = flash(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+        return out, lse
+    batch, heads = q.shape[:2]
+    size = k.shape[-2] // parts
+    used = parts * size
+
+    def split(x: Tensor) -> Tensor:  # (B, H, S, ·) -> (B, H * parts, size, ·)
+        return x[..., :used, :].unflatten(-2, (parts, size)).flatten(1, 2)
+
+    queries = q.unsqueeze(2).expand(batch, heads, parts, *q.shape[2:]).flatten(1, 2)
+    out, lse = flash(queries, split(k), split(v), 0.0, False, scale=scale)
+    outs, lses = out.unflatten(1, (heads, parts)), lse.unflatten(1, (heads, parts))
+    if used < k.shape[-2]:  # the last keys, fewer than parts: one more small part
+        rest, rest_lse = flash(q, k[..., used:, :], v[..., used:, :], 0.0, False, scale=scale)
+        outs = torch.cat([outs, rest.unsqueeze(2)], dim=2)
+        lses = torch.cat([lses, rest_lse.unsqueeze(2)], dim=2)
+    total = torch.logsumexp(lses, dim=2)
+    weights = torch.exp(lses - total.unsqueeze(2)).unsqueeze(-1)
+    merged = (weights * outs.to(weights.dtype)).sum(dim=2)
+    return merged.to(q.dtype), total
 
 
 def _flash_inputs(
