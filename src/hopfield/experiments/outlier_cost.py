@@ -249,7 +249,7 @@ def _stanhop_workload(
     from hopfield.data.timeseries import series_count
     from hopfield.training import TrainingConfig
 
-    dataset, horizon, in_len, seg_len, lr, n = stanhop_outliers._setting(config.settings[0])
+    dataset, horizon, in_len, seg_len, lr, n = stanhop_outliers.parse_setting(config.settings[0])
     series = series_count(dataset)
     windows = (
         torch.randn(n, in_len, series, generator=generator).to(device),

@@ -352,8 +352,9 @@ def measure(
     return record
 
 
-def _setting(raw: Sequence[Any]) -> Setting:
-    """A setting tuple with its types (JSON overrides give lists)."""
+def parse_setting(raw: Sequence[Any]) -> Setting:
+    """A ``settings`` entry as its typed tuple ``(dataset, horizon, in_len, seg_len, lr, batch)``
+    (JSON overrides give lists); a wrong length is a :class:`ConfigError`."""
     if len(raw) != 6:
         raise ConfigError(
             f"settings: each entry needs 6 fields (dataset, horizon, in_len, seg_len, lr, batch), "
@@ -398,7 +399,7 @@ def check_config(config: Config) -> None:
     if not config.settings:
         raise ConfigError("settings must hold at least one (dataset, horizon, ...) entry")
     recipe(config, 1e-3, 1)  # the training fields every setting shares
-    settings = [_setting(raw) for raw in config.settings]
+    settings = [parse_setting(raw) for raw in config.settings]
     for i, (dataset, horizon, in_len, seg_len, lr, batch) in enumerate(settings):
         check_choice(f"settings[{i}] dataset", dataset, (*DATASETS, "synthetic"))
         check_int_items(f"settings[{i}] horizon, in_len, seg_len", (horizon, in_len, seg_len))
@@ -411,7 +412,7 @@ def run(config: Config, ctx: RunContext) -> Results:
     check_config(config)
     runs: dict[str, Any] = ctx.load_json("runs.json") or {}
     jobs = [
-        (_setting(setting), model, config.seed + s)
+        (parse_setting(setting), model, config.seed + s)
         for setting in config.settings
         for model in config.models
         for s in range(config.seeds)
@@ -506,7 +507,7 @@ def mean_curve(found: Sequence[dict[str, Any]], layer: int) -> Curve | None:
 
 def _curves(config: Config, runs: dict[str, Any]) -> tuple[dict[str, Curve], int]:
     """The first setting's curve per model, and how many of its runs recorded none."""
-    dataset, horizon, *_ = _setting(config.settings[0])
+    dataset, horizon, *_ = parse_setting(config.settings[0])
     curves: dict[str, Curve] = {}
     missing = 0
     for model in config.models:
@@ -534,7 +535,7 @@ def figure2d(config: Config, runs: dict[str, Any]) -> tuple[Table, dict[str, flo
     and, per pair of :data:`FIGURE2_PAIRS`, ``figure2d/<new>_below_<old>``: the share of the
     steps both curves recorded at which the OutEffHop variant's is lower.
     """
-    dataset, horizon, *_ = _setting(config.settings[0])
+    dataset, horizon, *_ = parse_setting(config.settings[0])
     k = figure_layer(config.e_layers)
     curves, missing = _curves(config, runs)
     rows = [
@@ -598,7 +599,7 @@ def plot_figure2d(config: Config, runs: dict[str, Any], ctx: RunContext) -> str 
         ax.set_xlabel("step")
         ax.set_ylabel("max |x| on the training batch")
         ax.legend(fontsize=7)
-    dataset, horizon, *_ = _setting(config.settings[0])
+    dataset, horizon, *_ = parse_setting(config.settings[0])
     fig.suptitle(f"Figure 2(d), STanHop-Net, {dataset}/{horizon}: decoder ||x||∞ during training")
     fig.tight_layout()
     return ctx.save_figure(fig, "figure2d_stanhop.png", dpi=110)

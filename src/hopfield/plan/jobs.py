@@ -488,12 +488,12 @@ def _epoch_steps(windows: int, batch: int, cap: int | None) -> int:
 def stanhop_outliers_jobs(config: Any) -> list[TrainingJob]:
     """Every (setting, association) of ``stanhop-outliers``; runs = seeds; the longest schedule
     (``epochs``; early stopping with ``patience`` ends most runs sooner)."""
-    from hopfield.experiments.stanhop_outliers import PRESETS, _setting, build_model
+    from hopfield.experiments.stanhop_outliers import PRESETS, build_model, parse_setting
 
     paper_arch = _same_fields(config, PRESETS["paper"], _STANHOP_ARCH)
     jobs = []
     for raw in config.settings:
-        dataset, horizon, in_len, seg_len, _, batch = _setting(raw)
+        dataset, horizon, in_len, seg_len, _, batch = parse_setting(raw)
         protocol = "ratio" if config.max_rows else "stanhop"
         train, where = _train_rows(dataset, protocol, config.max_rows)
         windows = train - in_len - horizon + 1
