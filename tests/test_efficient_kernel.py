@@ -192,7 +192,7 @@ def test_prf_kernel_estimate_converges_like_one_over_sqrt_m(orthogonal: bool) ->
     assert errors[-1] < 0.1
 
 
-@pytest.mark.parametrize("count", [32, 21])  # 21: padded with zero features to 32
+@pytest.mark.parametrize("count", [32, 130])  # 130: padded with zero features to 144
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 @pytest.mark.parametrize("causal,length,size", [(False, 9, 13), (True, 10, 10), (True, 6, 9)])
 def test_random_features_equal_naive_formula(kernel, causal, length, size, count) -> None:
@@ -428,16 +428,18 @@ def test_random_features_fast_query_path_is_a_per_row_rescaling(scale) -> None:
 
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 def test_random_features_padding_features_are_exact_zeros(kernel: str) -> None:
-    """The association widens the features with zeros to a multiple of 16 (faster products):
+    """From 128 features on, the association widens the features with zeros to a multiple of 16
+    (faster products); fewer features stay as they are:
     the drawn features are those :meth:`features` gives, the padding ones exactly 0, and no
     gradient reaches the patterns through them."""
     q, _, _ = patterns(length=7, size=7, e=5)
-    rf = RandomFeatures(11, kernel=kernel, seed=0, dtype=D)
+    rf = RandomFeatures(130, kernel=kernel, seed=0, dtype=D)
+    assert RandomFeatures(11, seed=0)._padded_features(q.float(), 0.5, True).shape[-1] == 11
     for is_query in (True, False):
         x = q.clone().requires_grad_(True)
         padded = rf._padded_features(x, 0.5, is_query)
-        assert padded.shape[-1] == 16
-        assert bool((padded[..., 11:] == 0).all())
-        torch.testing.assert_close(padded[..., :11], rf.features(x, 0.5, is_query=is_query))
-        (grad,) = torch.autograd.grad(padded[..., 11:].sum() + 0 * padded.sum(), x)
+        assert padded.shape[-1] == 144
+        assert bool((padded[..., 130:] == 0).all())
+        torch.testing.assert_close(padded[..., :130], rf.features(x, 0.5, is_query=is_query))
+        (grad,) = torch.autograd.grad(padded[..., 130:].sum() + 0 * padded.sum(), x)
         assert torch.equal(grad, torch.zeros_like(grad))
