@@ -273,6 +273,8 @@ def test_keys_are_split_only_where_it_balances_the_threads(split_keys) -> None: 
     assert split_keys._key_parts(q, k, None, True) == 1
     assert split_keys._key_parts(torch.randn(4, 1, 3, E), k, None, False) == 1
     assert split_keys._key_parts(q, torch.randn(1, 1, 7, E), None, False) == 1
+    assert split_keys._key_parts(q[:0], k[:0], None, False) == 1  # an empty batch
+    assert split_keys._key_parts(torch.randn(1, 2, 3, E), torch.randn(1, 2, 7, E), None, False) == 1
     two = torch.randn(1, 2, 3, E)
     assert split_keys._key_parts(two, torch.randn(1, 2, 40, E), None, False) == 2
     assert split_keys._key_parts(two, torch.randn(1, 2, 41, E), None, False) == 1

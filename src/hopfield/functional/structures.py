@@ -457,10 +457,10 @@ def _key_parts(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> in
         return 1
     batch_heads = q.shape[0] * q.shape[1]
     threads = torch.get_num_threads()
-    if batch_heads >= threads:
+    if not 0 < batch_heads < threads:
         return 1
     parts = min(threads // batch_heads, k.shape[-2] // KEYS_PER_PART)
-    if q.shape[1] > 1 and k.shape[-2] % parts:  # the parts would not be views of the keys
+    if parts < 2 or (q.shape[1] > 1 and k.shape[-2] % parts):  # views of the keys only
         return 1
     return parts
 
