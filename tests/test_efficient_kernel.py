@@ -434,10 +434,13 @@ def test_random_features_padding_features_are_exact_zeros(kernel: str) -> None:
     gradient reaches the patterns through them."""
     q, _, _ = patterns(length=7, size=7, e=5)
     rf = RandomFeatures(130, kernel=kernel, seed=0, dtype=D)
-    assert RandomFeatures(11, seed=0)._padded_features(q.float(), 0.5, True).shape[-1] == 11
+    assert (
+        RandomFeatures(11, seed=0).features(q.float(), 0.5, is_query=True, padded=True).shape[-1]
+        == 11
+    )
     for is_query in (True, False):
         x = q.clone().requires_grad_(True)
-        padded = rf._padded_features(x, 0.5, is_query)
+        padded = rf.features(x, 0.5, is_query=is_query, padded=True)
         assert padded.shape[-1] == 144
         assert bool((padded[..., 130:] == 0).all())
         torch.testing.assert_close(padded[..., :130], rf.features(x, 0.5, is_query=is_query))

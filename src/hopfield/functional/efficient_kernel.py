@@ -447,53 +447,59 @@ class RandomFeatures(_KernelStructure):
         is_query: bool,
         stabilize: bool = True,
         key_weights: Tensor | None = None,
+        padded: bool = False,
     ) -> Tensor:
         """Random features ``(B, H, N, m)`` of patterns ``x (B, H, N, E)`` at inverse temperature ``scale``.
 
         Without ``stabilize``, ``features(q)ᵀ features(k)`` is an unbiased estimate of
         ``exp(scale · ⟨q, k⟩)`` (softmax kernel). ``key_weights (·, ·, N, 1)`` (keys only) exclude
-        zero-weight keys from the stabiliser.
-        """
-        count = self._projection_for(x.shape[-1]).shape[0]
-        padded = self._padded_features(x, scale, is_query, stabilize, key_weights)
-        return padded[..., :count]
-
-    def _padded_features(
-        self,
-        x: Tensor,
-        scale: Scale,
-        is_query: bool,
-        stabilize: bool = True,
-        key_weights: Tensor | None = None,
-    ) -> Tensor:
-        """:meth:`features` followed by zero features up to a multiple of 16 (from 128 features
-        on), ``(B, H, N, m')``.
-
-        The association's three products then have widths that suit the matrix kernels (at
-        E = 128, m = 621 ran 1.45x slower than 624); zero features add nothing to any kernel
-        value, numerator or normaliser, so the results are those of the ``m`` features.
+        zero-weight keys from the stabiliser. With ``padded``, zero features follow up to a
+        multiple of 16 (from 128 features on), ``(B, H, N, m')``: the association's three
+        products then have widths that suit the matrix kernels (at E = 128, m = 621 ran 1.45x
+        slower than 624), and zero features add nothing to any kernel value, numerator or
+        normaliser.
         """
         projection = self._projection_for(x.shape[-1]).to(x.dtype)
         count = projection.shape[0]
         extra = _padding_count(count)
-        padded = F.pad(projection, (0, 0, 0, extra)) if extra else projection
+        widened = F.pad(projection, (0, 0, 0, extra)) if extra else projection
         root = self._root_scale(scale)
         scaled: Tensor | None
         if isinstance(root, Tensor):
             scaled = x * root
-            mapped = torch.matmul(scaled, padded.transpose(-1, -2))
+            mapped = torch.matmul(scaled, widened.transpose(-1, -2))
         else:
             # √β folded into the (m, E) projection instead of the (N, E) patterns.
-            mapped = torch.matmul(x, (padded * root).transpose(-1, -2))
+            mapped = torch.matmul(x, (widened * root).transpose(-1, -2))
             scaled = x if root == 1.0 else None
         # The (B, H, N, m') products are changed in place from here on (autograd needs neither
         # the product's value nor the shifted one, only the features): a fresh tensor of that
         # size costs as much as a pass over it in page faults.
         if self.kernel_name == "relu":
             out = mapped.clamp_min(0.0).add_(self.relu_eps)
-            return out.index_fill_(-1, _padding(out, count), 0.0) if extra else out
-        if extra:  # padding features get the logit -inf: exactly 0 after the exponential
-            mapped.index_fill_(-1, _padding(mapped, count), -math.inf)
+            if extra:
+                out = out.index_fill_(-1, _padding(out, count), 0.0)
+        else:
+            if extra:  # padding features get the logit -inf: exactly 0 after the exponential
+                mapped.index_fill_(-1, _padding(mapped, count), -math.inf)
+            out = self._exponential(
+                mapped, x, root, scaled, is_query, stabilize, key_weights, count
+            )
+        return out if padded else out[..., :count]
+
+    @staticmethod
+    def _exponential(
+        mapped: Tensor,
+        x: Tensor,
+        root: Scale,
+        scaled: Tensor | None,
+        is_query: bool,
+        stabilize: bool,
+        key_weights: Tensor | None,
+        count: int,
+    ) -> Tensor:
+        """Positive random features of ``count`` drawn directions from the products
+        ``mapped = x' Ωᵀ``, computed in place."""
         # exp(logits) / √m computed as exp(logits - ln √m): one pass fewer.
         log_root_m = 0.5 * math.log(count)
         if stabilize and is_query:
@@ -529,6 +535,6 @@ class RandomFeatures(_KernelStructure):
         self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         self._count_call(q.shape[-1])
-        phi_k = self._padded_features(k, scale, False, key_weights=key_weights)
-        phi_q = self._padded_features(q, scale, True)
+        phi_k = self.features(k, scale, is_query=False, key_weights=key_weights, padded=True)
+        phi_q = self.features(q, scale, is_query=True, padded=True)
         return phi_q, phi_k
