@@ -342,6 +342,14 @@ class Hopfield(nn.Module):
     def _heads(self, x: Tensor, size: int) -> Tensor:
         return x.view(x.shape[0], x.shape[1], self.num_heads, size).transpose(1, 2)
 
+    def _split_heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected ``(B, N, H·E)`` queries, keys and values as ``(B, H, N, E)`` head views."""
+        return (
+            self._heads(q, self.hidden_size),
+            self._heads(k, self.hidden_size),
+            self._heads(v, self.pattern_size),
+        )
+
     def _project(
         self, stored: Tensor, state: Tensor, projection: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -371,11 +379,7 @@ class Hopfield(nn.Module):
             else:
                 q, k = self.q_proj(state), self.k_proj(stored)
                 v = self.v_proj(k if self.tie_values_to_keys else projection)
-            q, k, v = (
-                self._heads(q, self.hidden_size),
-                self._heads(k, self.hidden_size),
-                self._heads(v, self.pattern_size),
-            )
+            q, k, v = self._split_heads(q, k, v)
         if self.norm_q is not None and self.norm_k is not None:
             q, k = self.norm_q(q), self.norm_k(k)
         return q, k, v
@@ -400,11 +404,7 @@ class Hopfield(nn.Module):
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         ) or torch.jit.is_tracing():
-            return (
-                self._heads(q_proj(x), self.hidden_size),
-                self._heads(k_proj(x), self.hidden_size),
-                self._heads(v_proj(x), self.pattern_size),
-            )
+            return self._split_heads(q_proj(x), k_proj(x), v_proj(x))
         key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         cached = getattr(self, "_packed_cache", None)
         if cached is None or cached[0] != key:
@@ -418,11 +418,7 @@ class Hopfield(nn.Module):
             q, k, v = packed.view(batch, length, 3, heads, self.hidden_size).unbind(2)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k, v = packed.split([p.out_features for p in layers], -1)
-        return (
-            self._heads(q, self.hidden_size),
-            self._heads(k, self.hidden_size),
-            self._heads(v, self.pattern_size),
-        )
+        return self._split_heads(q, k, v)
 
     def _scale_argument(self) -> Tensor | float:
         """``self.scale`` for :func:`associate`: a fixed scale that every head shares as its
