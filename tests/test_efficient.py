@@ -25,6 +25,7 @@ def dispatch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         from hopfield.functional.efficient import _GatheredStructure
 
         monkeypatch.setattr(_GatheredStructure, "_dense_fits", lambda *args: False)
+        monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
     return str(request.param)
 
 
@@ -846,7 +847,7 @@ def test_dense_dispatch_applies_with_gradients_below_the_crossover(
     for structure in (TopK(3, dense_until=12), RandomMask(3, seed=0, dense_until=12)):
         associate(q, k, v, structure=structure)  # gradients, S <= dense_until: dense
         assert len(calls) == 1
-        with torch.no_grad():  # no gradients: the gathered path
+        with torch.no_grad():  # no gradients: the gathered path or Top-K's dense selection
             associate(q, k, v, structure=structure)
         structure.dense_until = 11  # above the crossover: the gathered path
         if isinstance(structure, TopK) or kernel_path == "native":
@@ -880,3 +881,69 @@ def test_topk_with_one_key_chunk_ranks_it_once(monkeypatch, kernel_path) -> None
         out = associate(q, k, v, structure=TopK(3, dense_until=None), scale=0.5)
     ref, _ = reference(q, k, v, Softmax(), 0.5, topk_support(q, k, 0.5, 3))
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0), Sparsemax(), Entmax(1.5)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("count", [{"k": 3}, {"k": 20}, {"fraction": 0.4}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_topk_dense_selection_equals_gathered_path_without_gradients(
+    monkeypatch, dispatch, kernel_path, separation, mask_kind, causal, count, dtype
+) -> None:
+    """Without gradients, small problems select on the full score matrix
+    (:func:`native.topk_keep`, Softmax_n weighed in the kernel); it keeps the gathered path's keys
+    and gives its values, with masks, causal rows, rows that see no key (zeros), a per-query
+    scale, ``k`` above the key count and ``fraction``."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    import hopfield.functional.efficient as efficient
+    from hopfield.functional import native
+
+    calls: list[int] = []
+    original = native.topk_keep
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(efficient.native, "topk_keep", spy)
+    q, k, v = (t.to(dtype) for t in patterns(b=2, h=2, length=9, size=12, e=4, ev=4))
+    scale = torch.full((2, 1, 1), 0.7, dtype=dtype)
+    mask = _dispatch_mask(mask_kind)
+    mask = mask.to(dtype) if mask is not None and mask.is_floating_point() else mask
+    structure = TopK(**count)
+    kwargs = {"separation": separation, "scale": scale, "mask": mask, "causal": causal}
+    with torch.no_grad():
+        selected = associate(q, k, v, structure=structure, **kwargs)
+        assert calls == [1]
+        monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
+        gathered = associate(q, k, v, structure=structure, **kwargs)
+    assert calls == [1]
+    tolerance = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {}
+    torch.testing.assert_close(selected, gathered, **tolerance)
+    if mask_kind != "none":
+        assert (selected[0, :, 4] == 0).all()
+
+
+def test_topk_dense_selection_applies_by_size_gradients_and_budget(dispatch, kernel_path) -> None:
+    """The dense selection takes no-gradient calls up to TOPK_SELECT_UNTIL keys whose score
+    matrix fits the block budget, without dropout or weights, on the native kernels."""
+    if dispatch == "gathered":
+        pytest.skip("the test picks its paths itself")
+    from hopfield.functional.efficient import TOPK_SELECT_UNTIL
+
+    q = torch.randn(1, 2, 6, 8)
+    small = torch.randn(1, 2, TOPK_SELECT_UNTIL, 8)
+    large = torch.randn(1, 2, TOPK_SELECT_UNTIL + 1, 8)
+    structure = TopK(4)
+    native_path = kernel_path == "native"
+    with torch.no_grad():
+        assert structure._selects_densely(q, small, small, 1.0, 0.0, False) == native_path
+        assert not structure._selects_densely(q, large, large, 1.0, 0.0, False)
+        assert not structure._selects_densely(q, small, small, 1.0, 0.1, False)
+        assert not structure._selects_densely(q, small, small, 1.0, 0.0, True)
+        tight = TopK(4, max_block_elements=2 * 6 * TOPK_SELECT_UNTIL - 1)
+        assert not tight._selects_densely(q, small, small, 1.0, 0.0, False)
+    needs_grad = small.clone().requires_grad_()
+    assert not structure._selects_densely(q, needs_grad, small, 1.0, 0.0, False)

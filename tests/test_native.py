@@ -553,3 +553,77 @@ def test_kernels_split_into_claimed_pieces_match_pytorch(dtype) -> None:
         )
     finally:
         torch.set_num_threads(1)
+
+
+def _kept_reference(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of x with the entries native.topk selects kept and -inf elsewhere."""
+    out = torch.full_like(x, -math.inf)
+    for r in range(x.shape[0]):
+        count = int(counts[r].clamp(0, x.shape[1]))
+        if count:
+            values, cols = native.topk(x[r : r + 1], count)
+            out[r, cols[0]] = values[0]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width,k", [(1, 1), (9, 3), (130, 64), (300, 7), (64, 63)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_topk_keep_keeps_the_topk_selection_and_weighs_it(dtype, width, k, threads) -> None:
+    """Every output of topk_keep against topk's selection and Softmax_n in float64, with integer
+    scores (ties: first columns), per-row counts (0 and above the width), a fully -inf row."""
+    from hopfield.functional import SoftmaxN
+
+    torch.set_num_threads(threads)
+    try:
+        for x in (torch.randn(40, width, dtype=dtype) * 4, torch.randint(0, 3, (40, width))):
+            x = x.to(dtype)
+            x[3] = -math.inf
+            counts = torch.full((40,), k)
+            counts[:3] = torch.tensor([0, width + 5, 1])
+            for count in (k, counts):
+                kept = _kept_reference(
+                    x, counts if isinstance(count, torch.Tensor) else counts * 0 + k
+                )
+                assert torch.equal(native.topk_keep(x, count, scale=1.0), kept)
+                assert torch.equal(native.topk_keep(x, count, scale=0.5), kept * 0.5)
+                bias = native.topk_keep(x, count, output="bias")
+                assert set(bias.unique().tolist()) <= {0.0, -math.inf}
+                assert torch.equal(x + bias, kept)
+                for n in (0.0, 1.0):
+                    weights = native.topk_keep(x, count, output="softmax", scale=0.5, n=n)
+                    expected = SoftmaxN(n)(kept.double() * 0.5)
+                    tolerance = 1e-6 if dtype == torch.float32 else 1e-13
+                    assert (weights.double() - expected).abs().max() < tolerance
+                    assert (weights[kept == -math.inf] == 0).all()
+                    assert (weights[3] == 0).all()
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_topk_keep_in_place_and_nan_is_largest() -> None:
+    x = torch.tensor([[0.5, float("nan"), 2.0, -1.0]])
+    kept = native.topk_keep(x, 2)
+    assert torch.isnan(kept[0, 1]) and kept[0, 2] == 2.0 and (kept[0, [0, 3]] == -math.inf).all()
+    y = torch.randn(5, 40)
+    expected = native.topk_keep(y, 9, output="softmax")
+    assert native.topk_keep(y, 9, output="softmax", out=y) is not None
+    assert torch.equal(y, expected)
+
+
+def test_topk_keep_rejects_bad_arguments() -> None:
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="output"):
+        native.topk_keep(x, 3, output="weights")
+    with pytest.raises(ValueError, match="one count per row"):
+        native.topk_keep(x, torch.ones(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="k must"):
+        native.topk_keep(x, 2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="k must"):
+        native.topk_keep(x, torch.ones(4))
+    with pytest.raises(ValueError, match="out must"):
+        native.topk_keep(x, 3, out=torch.empty(4, 11))
+    with pytest.raises(ValueError, match="bias"):
+        native.topk_keep(x, 3, output="bias", out=x)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        native.topk_keep(x.half(), 3)

@@ -8,6 +8,8 @@ one pass over the data:
 
 - :func:`topk` and :class:`RunningTopK`: the ``k`` largest entries of each row and their
   columns, the latter over columns that arrive in chunks;
+- :func:`topk_keep`: rows with their ``k`` largest entries kept in place (``-inf`` elsewhere),
+  or the Softmax_n weights over them, for Top-K on a full score matrix;
 - :func:`gather_dot`: ``out[r, j] = ⟨a[r], table[idx[r, j]]⟩``;
 - :func:`scatter_outer`: ``dst[idx[r, j]] += w[r, j] · src[r]`` (the gradient of
   :func:`gather_dot` with respect to its table).
@@ -97,6 +99,9 @@ _SIGNATURES: dict[str, Sequence[type]] = {
             ],
             "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
+            "hop_topk_keep": [
+                *(_PTR, _INT64, _INT64, _PTR, _INT64, real, ctypes.c_int, real, _PTR, ctypes.c_int)
+            ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
@@ -588,6 +593,70 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         _threads(rows.shape[0] * width),
     )
     return values.view(*x.shape[:-1], k), columns.view(*x.shape[:-1], k)
+
+
+_KEEP_OUTPUTS = {"values": 0, "bias": 1, "softmax": 2}  # KEEP_* of native_kernels.c
+
+
+def topk_keep(
+    x: Tensor,
+    k: int | Tensor,
+    *,
+    output: str = "values",
+    scale: float = 1.0,
+    n: float = 0.0,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Each row of ``x (..., W)`` with its ``k`` largest entries kept: the same entries as
+    :func:`topk` (first columns among ties, NaN largest). ``output`` says what is written:
+
+    - ``"values"``: ``scale · x`` where kept, ``-inf`` elsewhere;
+    - ``"bias"``: 0 where kept, ``-inf`` elsewhere (the additive mask of the selection; a kept
+      ``-inf`` entry gets 0 too, so ``x + bias`` is the ``"values"`` output at scale 1);
+    - ``"softmax"``: the Softmax_n weights of ``scale · x`` over the kept entries,
+      ``exp(z_i) / (n + Σ_kept exp(z_j))``, and 0 elsewhere (a row with nothing finite gives
+      zeros). In float32 the exponential is a polynomial with relative error below 2e-7.
+
+    ``k`` is one count for every row or an integer tensor with one count per row
+    (``x.shape[:-1]``); a count of at least ``W`` keeps the whole row, one of at most 0 keeps
+    nothing. ``out`` (contiguous, ``x``'s shape and dtype) receives the result and may be ``x``
+    itself (in place) except for ``"bias"``; by default a new tensor. No autograd."""
+    _float_dtype(x=_cpu_tensor("x", x, least_dims=1), out=out)
+    if output not in _KEEP_OUTPUTS:
+        raise ValueError(f"output must be one of {sorted(_KEEP_OUTPUTS)}, got {output!r}")
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    counts = None
+    if isinstance(k, Tensor):
+        counts = _integers("k", k)
+        if counts.shape != x.shape[:-1]:
+            raise ValueError(
+                f"k must hold one count per row, {tuple(x.shape[:-1])}, got {tuple(counts.shape)}"
+            )
+        k = 0
+    elif not isinstance(k, int) or isinstance(k, bool):
+        raise TypeError(f"k must be an int or an integer tensor, got {type(k).__name__}")
+    if out is None:
+        out = torch.empty_like(rows)
+    elif out.shape != x.shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
+    elif output == "bias" and out.data_ptr() == rows.data_ptr():
+        raise ValueError("out may be x except for output='bias'")
+    _run(
+        "hop_topk_keep",
+        x.dtype,
+        rows.data_ptr(),
+        rows.shape[0],
+        width,
+        None if counts is None else counts.data_ptr(),
+        k,
+        float(scale),
+        _KEEP_OUTPUTS[output],
+        float(n),
+        out.data_ptr(),
+        _threads(rows.shape[0] * width * 8),
+    )
+    return out.view(x.shape)
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

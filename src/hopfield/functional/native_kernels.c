@@ -6,6 +6,9 @@
  *
  * hop_topk:          the k largest entries of each row of x (R, W), unsorted, with their columns;
  * hop_topk_push/finish: the same for rows whose columns arrive in chunks.
+ * hop_topk_keep:     rows of x with their k largest entries kept and the others -inf, the
+ *                    additive mask of that selection (0 and -inf) or the Softmax_n weights
+ *                    over the kept entries.
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
@@ -155,7 +158,33 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
 #define STRICT 2
 
 /* Order of the selection: larger first, NaN above everything (as torch.topk). */
+/* What hop_topk_keep writes (see keep_row_f32). */
+#define KEEP_VALUES 0
+#define KEEP_BIAS 1
+#define KEEP_SOFTMAX 2
+
 #define ABOVE(a, b) ((a) > (b) || ((a) != (a) && (b) == (b)))
+
+/* exp of x <= 0 (or NaN) for the softmax of hop_topk_keep. float: 2^i · p(f) with the reduced
+ * argument |f| <= ln2 / 2 and p its degree-6 Taylor polynomial (relative error below 2e-7);
+ * branch-free, so the loops vectorise; 0 below -87.3 (where exp is subnormal), NaN kept. */
+static inline float exp_f32(float x) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f;
+    float rounded = (t + magic) - magic;
+    float f = x - rounded * 0.693145751953125f - rounded * 1.428606765330187e-06f;
+    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 +
+              f * (1.0f / 720))))));
+    int32_t i = (int32_t)(rounded > -126.0f ? rounded : -126.0f);
+    uint32_t bits = (uint32_t)(i + 127) << 23;
+    float power;
+    memcpy(&power, &bits, sizeof(power));
+    float y = p * power;
+    y = x < -87.3f ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+static inline double exp_f64(double x) { return exp(x); }
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
                                                                                                   \
@@ -387,6 +416,126 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
                            T *out_vals, int64_t *out_cols, int threads) {                         \
         topk_args_##SUFFIX a = {x, width, stride, k, out_vals, out_cols};                         \
         return parallel_for(topk_range_##SUFFIX, &a, rows, threads, PIECES);                      \
+    }                                                                                             \
+                                                                                                  \
+    /* A key t with exactly k of keys[0..n) >= t, found by the radix select of kth_key but      \
+     * stopping at the first prefix that splits the keys so (for distinct scores after about    \
+     * log2(n) + a few bits); *exact says whether one was found. Otherwise t is the k-th largest \
+     * key, shared by the keys that tie with it. */                                              \
+    static KEY split_key_##SUFFIX(const KEY *keys, int64_t n, int64_t k, int *exact) {            \
+        const int width = (int)(8 * sizeof(KEY));                                                 \
+        KEY prefix = 0;                                                                           \
+        for (int b = width - 1; b >= 0; b--) {                                                    \
+            KEY candidate = prefix | ((KEY)1 << b);                                               \
+            KEY count = 0;                                                                        \
+            for (int64_t i = 0; i < n; i++) count += keys[i] >= candidate;                        \
+            if (count >= (KEY)k) prefix = candidate;                                              \
+            if (count == (KEY)k) {                                                                \
+                *exact = 1;                                                                       \
+                return candidate;                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        *exact = 0;                                                                               \
+        return prefix;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    /* Rows of x (R, W, contiguous) with their k largest entries kept (count[r] of row r when     \
+     * count is given; first columns among ties, NaN largest, as hop_topk). out (R, W) gets, by   \
+     * `mode`: KEEP_VALUES scale * x where kept and -inf elsewhere; KEEP_BIAS 0 and -inf (the     \
+     * additive mask of the selection); KEEP_SOFTMAX the Softmax_n weights of scale * x over the  \
+     * kept entries, exp(z_i - m) / (n exp(-m) + sum exp(z_j - m)) with m = max(0 if n > 0, max z)\
+     * (0 for a row with nothing finite), and 0 elsewhere. out may be x (in place) but for        \
+     * KEEP_BIAS. */                                                                             \
+    typedef struct {                                                                              \
+        const T *x;                                                                               \
+        const int64_t *count;                                                                     \
+        int64_t width, k;                                                                         \
+        T scale, n;                                                                               \
+        int mode;                                                                                 \
+        T *out;                                                                                   \
+    } keep_args_##SUFFIX;                                                                         \
+                                                                                                  \
+    /* out[i] = scale * x[i] (or 0 with `bias`) where kept, else -inf (see keep_row_##SUFFIX). */\
+    static void kept_values_##SUFFIX(const T *x, const KEY *keys, int64_t width, int64_t k,       \
+                                     T scale, int bias, T *out) {                                 \
+        int exact = 1;                                                                            \
+        KEY split = k < width ? split_key_##SUFFIX(keys, width, k, &exact) : 0;                   \
+        if (exact) { /* no ties to break: branch-free passes that vectorise */                    \
+            if (bias)                                                                             \
+                for (int64_t i = 0; i < width; i++) out[i] = keys[i] >= split ? 0 : -INFINITY;    \
+            else                                                                                  \
+                for (int64_t i = 0; i < width; i++)                                               \
+                    out[i] = keys[i] >= split ? scale * x[i] : -INFINITY;                         \
+            return;                                                                               \
+        }                                                                                         \
+        int64_t above = 0;                                                                        \
+        for (int64_t i = 0; i < width; i++) above += keys[i] > split;                             \
+        int64_t ties = k - above;                                                                 \
+        for (int64_t i = 0; i < width; i++) {                                                     \
+            int tie = keys[i] == split && ties > 0;                                               \
+            ties -= tie;                                                                          \
+            out[i] = (keys[i] > split) | tie ? (bias ? 0 : scale * x[i]) : -INFINITY;             \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The Softmax_n weights of a row of logits z (-inf where dropped), in place (see           \
+     * keep_args_##SUFFIX); eight running sums, so the passes vectorise. */                       \
+    static void softmax_n_##SUFFIX(T *z, int64_t width, T n) {                                    \
+        T peak[8], sums[8];                                                                       \
+        for (int u = 0; u < 8; u++) {                                                             \
+            peak[u] = n > 0 ? 0 : -INFINITY;                                                      \
+            sums[u] = 0;                                                                          \
+        }                                                                                         \
+        int64_t i = 0;                                                                            \
+        for (; i + 8 <= width; i += 8)                                                            \
+            for (int u = 0; u < 8; u++) peak[u] = z[i + u] > peak[u] ? z[i + u] : peak[u];        \
+        T shift = peak[0];                                                                        \
+        for (; i < width; i++) shift = z[i] > shift ? z[i] : shift;                               \
+        for (int u = 1; u < 8; u++) shift = peak[u] > shift ? peak[u] : shift;                    \
+        if (shift == -INFINITY) shift = 0; /* nothing finite: every weight is 0 */                \
+        for (i = 0; i + 8 <= width; i += 8)                                                       \
+            for (int u = 0; u < 8; u++) {                                                         \
+                z[i + u] = exp_##SUFFIX(z[i + u] - shift);                                        \
+                sums[u] += z[i + u];                                                              \
+            }                                                                                     \
+        T total = n > 0 ? n * exp_##SUFFIX(-shift) : (T)0;                                        \
+        for (; i < width; i++) {                                                                  \
+            z[i] = exp_##SUFFIX(z[i] - shift);                                                    \
+            total += z[i];                                                                        \
+        }                                                                                         \
+        for (int u = 0; u < 8; u++) total += sums[u];                                             \
+        T inverse = total > 0 ? 1 / total : (T)1;                                                 \
+        for (i = 0; i < width; i++) z[i] *= inverse;                                              \
+    }                                                                                             \
+                                                                                                  \
+    static void keep_row_##SUFFIX(const keep_args_##SUFFIX *a, const T *x, int64_t k, T *out,     \
+                                  KEY *keys) {                                                    \
+        const int64_t width = a->width;                                                           \
+        if (k <= 0) {                                                                             \
+            T dropped = a->mode == KEEP_SOFTMAX ? (T)0 : (T)-INFINITY;                            \
+            for (int64_t i = 0; i < width; i++) out[i] = dropped;                                 \
+            return;                                                                               \
+        }                                                                                         \
+        keys_of_##SUFFIX(x, keys, width);                                                         \
+        kept_values_##SUFFIX(x, keys, width, k, a->scale, a->mode == KEEP_BIAS, out);             \
+        if (a->mode == KEEP_SOFTMAX) softmax_n_##SUFFIX(out, width, a->n);                        \
+    }                                                                                             \
+                                                                                                  \
+    static int keep_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                             \
+        keep_args_##SUFFIX *a = (keep_args_##SUFFIX *)p;                                          \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * (a->width > 0 ? a->width : 1));                   \
+        if (!keys) return HOP_NO_MEMORY;                                                          \
+        for (int64_t r = lo; r < hi; r++)                                                         \
+            keep_row_##SUFFIX(a, a->x + r * a->width, a->count ? a->count[r] : a->k,              \
+                              a->out + r * a->width, keys);                                       \
+        free(keys);                                                                               \
+        return 0;                                                                                 \
+    }                                                                                             \
+                                                                                                  \
+    int hop_topk_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,     \
+                                int64_t k, T scale, int mode, T n, T *out, int threads) {         \
+        keep_args_##SUFFIX a = {x, count, width, k, scale, n, mode, out};                         \
+        return parallel_for(keep_range_##SUFFIX, &a, rows, threads, PIECES);                      \
     }                                                                                             \
                                                                                                   \
     static inline T dot_##SUFFIX(const T *a, const T *b, int64_t n) {                             \

@@ -167,6 +167,15 @@ def explicit_association(
         )
         return out.to(q.dtype), weights.to(q.dtype)
     scores = apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
+    return weigh_values(scores, v, separation=separation, dropout=dropout)
+
+
+def weigh_values(
+    scores: Tensor, v: Tensor, *, separation: Separation, dropout: float
+) -> tuple[Tensor, Tensor]:
+    """The explicit association from its masked scores ``(B, H, L, S)``: the separation's
+    weights (a value sink's share added), dropout, and the weighted sum of ``v (B, H, S, Ev)``.
+    Returns ``(out (B, H, L, Ev), weights (B, H, L, S))``."""
     if isinstance(separation, Sink | EntmaxSink):
         value_sink = separation.value_sink(scores, v.shape[-1])
         if value_sink is not None:  # also for S = 0: all the mass is on the value sink then
