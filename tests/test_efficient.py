@@ -947,3 +947,109 @@ def test_topk_dense_selection_applies_by_size_gradients_and_budget(dispatch, ker
         assert not tight._selects_densely(q, small, small, 1.0, 0.0, False)
     needs_grad = small.clone().requires_grad_()
     assert not structure._selects_densely(q, needs_grad, small, 1.0, 0.0, False)
+
+
+def _selection_blocks(monkeypatch, blocks: str) -> None:
+    """``"one"``: the score matrix in one block; ``"rows"``: two query rows a block."""
+    import hopfield.functional.efficient as efficient
+
+    if blocks == "rows":
+        monkeypatch.setattr(efficient, "_SELECT_BLOCK", 2 * 2 * 2 * 12)
+
+
+@pytest.mark.parametrize("blocks", ["one", "rows"])
+@pytest.mark.parametrize("mask_kind", ["none", "additive"])
+def test_topk_dense_selection_in_query_blocks_equals_gathered_path(
+    monkeypatch, dispatch, kernel_path, blocks, mask_kind
+) -> None:
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    _selection_blocks(monkeypatch, blocks)
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    scale = torch.linspace(0.5, 1.5, 9, dtype=D).view(1, 1, 9, 1)  # one scale per query
+    kwargs = {"scale": scale, "mask": _dispatch_mask(mask_kind), "causal": True}
+    with torch.no_grad():
+        selected = associate(q, k, v, structure=TopK(fraction=0.5), **kwargs)
+        monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
+        gathered = associate(q, k, v, structure=TopK(fraction=0.5), **kwargs)
+    torch.testing.assert_close(selected, gathered, rtol=1e-10, atol=1e-12)
+
+
+def _sampled_weights(structure, q, k, separation, causal, dtype=D) -> Tensor:
+    """The weights of a no-gradient random-mask association, read off with ``v = I``."""
+    size = k.shape[-2]
+    eye = torch.eye(size, dtype=dtype).expand(*k.shape[:-2], size, size)
+    with torch.no_grad():
+        return associate(q, k, eye, separation=separation, structure=structure, causal=causal)
+
+
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0), Sparsemax()])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("blocks", ["one", "rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_random_mask_dense_sampling_keeps_k_allowed_keys_and_weighs_them(
+    monkeypatch, dispatch, kernel_path, separation, causal, blocks, dtype
+) -> None:
+    """Without gradients, small random masks draw each query's subset in the kernel
+    (:func:`native.sample_keep`): exactly ``min(k, visible)`` keys among those the causal rule
+    lets it see, weighed by the separation over their scores (float64 reference)."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    import hopfield.functional.efficient as efficient
+
+    _selection_blocks(monkeypatch, blocks)
+    calls: list[int] = []
+    original = efficient.native.sample_keep
+    monkeypatch.setattr(
+        efficient.native, "sample_keep", lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    q, k, _ = (t.to(dtype) for t in patterns(b=2, h=2, length=9, size=12, e=4, ev=4))
+    weights = _sampled_weights(RandomMask(5, seed=0), q, k, separation, causal, dtype).double()
+    assert calls
+    support = weights != 0
+    visible = causal_allowed(9, 12) if causal else torch.ones(9, 12, dtype=torch.bool)
+    assert not (support & ~visible).any()
+    if not isinstance(separation, Sparsemax):  # sparsemax may zero a kept key
+        expected = visible.sum(-1).clamp(max=5)
+        assert torch.equal(support.sum(-1), expected.expand_as(support[..., 0]))
+        # the weights are the separation's over the kept scores
+        scores = (q.double() @ k.double().transpose(-1, -2)) * 0.5
+        ref = separation(scores.masked_fill(~support, -math.inf))
+        torch.testing.assert_close(weights, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
+    dispatch, kernel_path
+) -> None:
+    """Every visible key is kept with probability k / visible (a 6-sigma band over 2,000 calls'
+    worth of rows); a seeded structure repeats its subsets after re-seeding, whatever the
+    threads; evaluation ("fixed") repeats them call after call; training draws fresh ones."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    q, k, _ = patterns(b=50, h=4, length=9, size=12, e=4, ev=4)
+    weights = _sampled_weights(RandomMask(3, seed=1), q, k, Softmax(), True)
+    visible = causal_allowed(9, 12).sum(-1).double()  # 4 ... 12 keys
+    rate = (weights != 0).double().mean(dim=(0, 1))  # (9, 12): 200 rows per entry
+    expected = (3 / visible).clamp(max=1).unsqueeze(-1).expand(9, 12)
+    band = 6 * (expected * (1 - expected) / 200).sqrt() + 1e-12
+    allowed = causal_allowed(9, 12)
+    assert ((rate - expected).abs()[allowed] <= band[allowed]).all()
+    assert (rate[~allowed] == 0).all()
+    first = _sampled_weights(RandomMask(3, seed=7), q, k, Softmax(), False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        again = _sampled_weights(RandomMask(3, seed=7), q, k, Softmax(), False)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(first, again)
+    training = RandomMask(3, seed=7)
+    assert not torch.equal(
+        _sampled_weights(training, q, k, Softmax(), False),
+        _sampled_weights(training, q, k, Softmax(), False),
+    )
+    fixed = RandomMask(3, seed=7).eval()
+    assert torch.equal(
+        _sampled_weights(fixed, q, k, Softmax(), False),
+        _sampled_weights(fixed, q, k, Softmax(), False),
+    )

@@ -19,10 +19,11 @@ additive float; broadcastable to ``(B, H, L, S)``), ``causal`` (query ``i`` sees
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +76,10 @@ def _as_4d(t: Tensor) -> Tensor:
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
 
 
+@overload
+def _rows(t: Tensor, start: int, stop: int, length: int) -> Tensor: ...
+@overload
+def _rows(t: Tensor | float, start: int, stop: int, length: int) -> Tensor | float: ...
 def _rows(t: Tensor | float, start: int, stop: int, length: int) -> Tensor | float:
     """Rows ``start:stop`` of a tensor broadcastable to ``(B, H, length, ·)`` (floats unchanged)."""
     if not isinstance(t, Tensor):
@@ -188,6 +193,9 @@ RANDOM_MASK_DENSE_UNTIL = 256
 # SDPA, forward, B1 H8 E64 k64, 2 threads, idle 2-core CPU (28 Nov 2026): 1.08 dense-selected
 # vs 2.28 gathered at N = 128, 1.28 vs 2.25 at 256, 1.33 vs 1.55 at 512, 2.2 vs 1.3 at 1024.
 TOPK_SELECT_UNTIL = 512
+# The same for random masks without gradients, mask or forced keys (:func:`native.sample_keep`
+# draws each query's subset and weighs it in one kernel).
+RANDOM_MASK_SELECT_UNTIL = 512
 
 # Scores per piece of Top-K's support search (kept small enough to stay in cache).
 _SCORE_PIECE = 1 << 21
@@ -596,6 +604,57 @@ def _valid_prefix(
     return (rows + (size - length) + 1).clamp(0, size)
 
 
+# Scores per query block of a dense selection (1 MiB in float32: the block stays in L2 between
+# the product, the kernel and the weighted sum).
+_SELECT_BLOCK = 1 << 18
+
+
+def _associate_selected(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    select: Callable[[Tensor, int, int], Callable[..., Tensor]],
+) -> Tensor:
+    """An association whose support is chosen on the full scores, in blocks of queries with at
+    most :data:`_SELECT_BLOCK` scores: per block the product (a number scale is left to the
+    kernel, one pass less; a tensor scale and the mask, rows ``start:stop``, are applied here),
+    then ``select(scores, start, stop)``, which returns the kernel call that keeps the block's
+    support in place (:func:`native.topk_keep` or :func:`native.sample_keep`, see
+    :func:`_weigh_kept`), and the weighted sum. Returns ``(B, H, L, Ev)``."""
+    batch, heads, length, _ = q.shape
+    size = k.shape[-2]
+    rows = max(1, _SELECT_BLOCK // max(1, batch * heads * size))
+    outs = []
+    for start in range(0, length, rows):
+        stop = min(length, start + rows)
+        scores = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2))
+        factor = 1.0
+        if isinstance(scale, Tensor) or mask is not None:
+            block_mask = None if mask is None else _rows(mask, start, stop, length)
+            scores = apply_mask(scores * _rows(scale, start, stop, length), block_mask)
+        else:
+            factor = scale
+        scores = scores.expand(batch, heads, stop - start, size).contiguous()
+        outs.append(_weigh_kept(select(scores, start, stop), v, separation, factor))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _weigh_kept(
+    keep: Callable[..., Tensor], v: Tensor, separation: Separation, factor: float
+) -> Tensor:
+    """The association from a selection on the full scores: ``keep(output=..., scale=...,
+    n=...)`` runs :func:`native.topk_keep` or :func:`native.sample_keep` on them (in place);
+    Softmax_n takes its weights from the kernel, any other separation runs over the kept scores
+    (``-inf`` elsewhere). Returns ``(B, H, L, Ev)``."""
+    if isinstance(separation, SoftmaxN):
+        return torch.matmul(keep(output="softmax", scale=factor, n=separation.n), v)
+    kept = keep(output="values", scale=factor)
+    return weigh_values(kept, v, separation=separation, dropout=0.0)[0]
+
+
 # ------------------------------------------------------------------------------------------------
 # Gathered association with recomputation (Top-K and random masks with gradients)
 # ------------------------------------------------------------------------------------------------
@@ -978,31 +1037,22 @@ class TopK(_GatheredStructure):
         allowed scores kept by :func:`native.topk_keep` (the same keys as the gathered path),
         which for Softmax_n also gives the weights, in place; any other separation runs over the
         kept scores (``-inf`` elsewhere)."""
-        length, size = q.shape[-2], k.shape[-2]
+        size = k.shape[-2]
         if causal:
-            mask = with_causal(mask, length, size, q.device)
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        factor = 1.0
-        if isinstance(scale, Tensor) or mask is not None:
-            scores = apply_mask(scores * scale, mask)
-        else:
-            factor = scale
-        scores = scores.expand(*q.shape[:-2], length, size).contiguous()
-        count: int | Tensor = min(self.k, size) if self.k is not None else size
-        if self.fraction is not None:
-            valid = (
-                (scores > -math.inf).sum(-1)
-                if mask is not None
-                else torch.full_like(scores[..., 0], size, dtype=torch.int64)
-            )
-            count = support_size(valid, None, self.fraction)
-        if isinstance(separation, SoftmaxN):
-            weights = native.topk_keep(
-                scores, count, output="softmax", scale=factor, n=separation.n, out=scores
-            )
-            return torch.matmul(weights, v)
-        kept = native.topk_keep(scores, count, scale=factor, out=scores)
-        return weigh_values(kept, v, separation=separation, dropout=0.0)[0]
+            mask = with_causal(mask, q.shape[-2], size, q.device)
+
+        def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
+            count: int | Tensor = min(self.k, size) if self.k is not None else size
+            if self.fraction is not None:
+                valid = (
+                    (scores > -math.inf).sum(-1)
+                    if mask is not None
+                    else scores.new_full(scores.shape[:-1], size, dtype=torch.int64)
+                )
+                count = support_size(valid, None, self.fraction)
+            return functools.partial(native.topk_keep, scores, count, out=scores)
+
+        return _associate_selected(q, k, v, separation, scale, mask, select)
 
     def _dense_support(
         self, q: Tensor, k: Tensor, scale: Scale, mask: Tensor | None, causal: bool
@@ -1528,6 +1578,8 @@ class RandomMask(_GatheredStructure):
         upper = upper_count(self.k, self.fraction, size)
         self._call_generator = self._generator_for(q.device)
         try:
+            if self._samples_densely(q, k, v, scale, mask, dropout, return_weights):
+                return self._dense_sampled(q, k, v, separation, scale, causal), None
             if self._dense_fits(q, k, v, scale):
                 return self._masked_kernel(
                     q, k, v, separation, scale, mask, causal, dropout, return_weights
@@ -1556,6 +1608,57 @@ class RandomMask(_GatheredStructure):
             )
         finally:
             self._call_generator = None
+
+    def _samples_densely(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: Scale,
+        mask: Tensor | None,
+        dropout: float,
+        return_weights: bool,
+    ) -> bool:
+        """Whether the association takes :meth:`_dense_sampled`: no gradients, mask, forced
+        keys, dropout or weights, the native kernels, at most
+        :data:`RANDOM_MASK_SELECT_UNTIL` keys and ``B·H·L·S`` within ``max_block_elements``."""
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
+        return (
+            mask is None
+            and self.force is None
+            and dropout == 0.0
+            and not return_weights
+            and not _grads_needed(q, k, v, scale)
+            and native.available(q, k, v)
+            and size <= RANDOM_MASK_SELECT_UNTIL
+            and batch * heads * length * size <= self.max_block_elements
+        )
+
+    def _dense_sampled(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        causal: bool,
+    ) -> Tensor:
+        """The association from the full score matrix ``(B, H, L, S)``: each query's uniform
+        subset of the keys it may see (the causal prefix) is drawn and kept by
+        :func:`native.sample_keep` (Floyd's algorithm on a per-row stream seeded from this
+        call's generator), which for Softmax_n also gives the weights."""
+        length, size = q.shape[-2], k.shape[-2]
+        generator = self._call_generator
+
+        def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
+            seen = _valid_prefix(start, stop, length, size, causal, q.device)
+            seen = seen.expand(scores.shape[:-1])
+            count = torch.minimum(support_size(seen, self.k, self.fraction), seen)
+            seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device="cpu"))
+            return functools.partial(native.sample_keep, scores, count, seen, seed, out=scores)
+
+        return _associate_selected(q, k, v, separation, scale, None, select)
 
     def _masked_kernel(
         self,

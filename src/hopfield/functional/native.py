@@ -102,6 +102,10 @@ _SIGNATURES: dict[str, Sequence[type]] = {
             "hop_topk_keep": [
                 *(_PTR, _INT64, _INT64, _PTR, _INT64, real, ctypes.c_int, real, _PTR, ctypes.c_int)
             ],
+            "hop_sample_keep": [
+                *(_PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, real, ctypes.c_int, real),
+                *(_PTR, ctypes.c_int),
+            ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
@@ -598,6 +602,58 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 _KEEP_OUTPUTS = {"values": 0, "bias": 1, "softmax": 2}  # KEEP_* of native_kernels.c
 
 
+def _row_counts(name: str, value: int | Tensor, shape: torch.Size) -> Tensor:
+    """``value`` (one int, or one integer per row of ``shape``) as contiguous int64 ``(rows,)``."""
+    if isinstance(value, Tensor):
+        counts = _integers(name, value)
+        if counts.shape != shape:
+            raise ValueError(
+                f"{name} must hold one count per row, {tuple(shape)}, got {tuple(counts.shape)}"
+            )
+        return counts.reshape(-1)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or an integer tensor, got {type(value).__name__}")
+    return torch.full((shape.numel(),), value, dtype=torch.int64)
+
+
+def _keep_call(
+    kernel: str,
+    x: Tensor,
+    output: str,
+    out: Tensor | None,
+    arguments: tuple[object, ...],
+    scale: float,
+    n: float,
+) -> Tensor:
+    """Check the arguments shared by :func:`topk_keep` and :func:`sample_keep`, run ``kernel``
+    with ``arguments`` between the row shape and ``scale``, and return ``out``."""
+    _float_dtype(x=_cpu_tensor("x", x, least_dims=1), out=out)
+    if output not in _KEEP_OUTPUTS:
+        raise ValueError(f"output must be one of {sorted(_KEEP_OUTPUTS)}, got {output!r}")
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    if out is None:
+        out = torch.empty_like(rows)
+    elif out.shape != x.shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
+    elif output == "bias" and out.data_ptr() == rows.data_ptr():
+        raise ValueError("out may be x except for output='bias'")
+    _run(
+        kernel,
+        x.dtype,
+        rows.data_ptr(),
+        rows.shape[0],
+        width,
+        *arguments,
+        float(scale),
+        _KEEP_OUTPUTS[output],
+        float(n),
+        out.data_ptr(),
+        _threads(rows.shape[0] * width * 8),
+    )
+    return out.view(x.shape)
+
+
 def topk_keep(
     x: Tensor,
     k: int | Tensor,
@@ -621,42 +677,47 @@ def topk_keep(
     (``x.shape[:-1]``); a count of at least ``W`` keeps the whole row, one of at most 0 keeps
     nothing. ``out`` (contiguous, ``x``'s shape and dtype) receives the result and may be ``x``
     itself (in place) except for ``"bias"``; by default a new tensor. No autograd."""
-    _float_dtype(x=_cpu_tensor("x", x, least_dims=1), out=out)
-    if output not in _KEEP_OUTPUTS:
-        raise ValueError(f"output must be one of {sorted(_KEEP_OUTPUTS)}, got {output!r}")
-    width = x.shape[-1]
-    rows = x.reshape(-1, width).contiguous()
-    counts = None
     if isinstance(k, Tensor):
-        counts = _integers("k", k)
-        if counts.shape != x.shape[:-1]:
-            raise ValueError(
-                f"k must hold one count per row, {tuple(x.shape[:-1])}, got {tuple(counts.shape)}"
-            )
-        k = 0
-    elif not isinstance(k, int) or isinstance(k, bool):
+        counts = _row_counts("k", k, x.shape[:-1])
+        return _keep_call("hop_topk_keep", x, output, out, (counts.data_ptr(), 0), scale, n)
+    if not isinstance(k, int) or isinstance(k, bool):
         raise TypeError(f"k must be an int or an integer tensor, got {type(k).__name__}")
-    if out is None:
-        out = torch.empty_like(rows)
-    elif out.shape != x.shape or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
-    elif output == "bias" and out.data_ptr() == rows.data_ptr():
-        raise ValueError("out may be x except for output='bias'")
-    _run(
-        "hop_topk_keep",
-        x.dtype,
-        rows.data_ptr(),
-        rows.shape[0],
-        width,
-        None if counts is None else counts.data_ptr(),
-        k,
-        float(scale),
-        _KEEP_OUTPUTS[output],
-        float(n),
-        out.data_ptr(),
-        _threads(rows.shape[0] * width * 8),
+    return _keep_call("hop_topk_keep", x, output, out, (None, k), scale, n)
+
+
+def sample_keep(
+    x: Tensor,
+    count: int | Tensor,
+    population: int | Tensor,
+    seed: int,
+    *,
+    output: str = "values",
+    scale: float = 1.0,
+    n: float = 0.0,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Each row of ``x (..., W)`` with a uniform random subset of ``count`` of its first
+    ``population`` columns kept, and :func:`topk_keep`'s ``output``, ``scale``, ``n`` and ``out``.
+
+    ``count`` and ``population`` are one int or an integer tensor per row (``x.shape[:-1]``),
+    clipped to ``[0, W]`` and to the population. The subsets come from Floyd's algorithm (as
+    :func:`floyd_sample`) on a splitmix64 stream per row derived from ``seed`` (an integer in
+    ``[0, 2**64)``): the same seed gives the same subsets for any number of threads. No
+    autograd."""
+    shape = x.shape[:-1]
+    counts = _row_counts("count", count, shape)
+    populations = _row_counts("population", population, shape)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return _keep_call(
+        "hop_sample_keep",
+        x,
+        output,
+        out,
+        (counts.data_ptr(), populations.data_ptr(), seed),
+        scale,
+        n,
     )
-    return out.view(x.shape)
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

@@ -9,6 +9,7 @@
  * hop_topk_keep:     rows of x with their k largest entries kept and the others -inf, the
  *                    additive mask of that selection (0 and -inf) or the Softmax_n weights
  *                    over the kept entries.
+ * hop_sample_keep:   the same outputs for a uniform random subset of each row's columns.
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
@@ -185,6 +186,24 @@ static inline float exp_f32(float x) {
 }
 
 static inline double exp_f64(double x) { return exp(x); }
+
+/* Number i of the splitmix64 stream (Steele, Lea and Flood 2014) that starts at `start`, given
+ * its state start + i * golden (computed by the caller): two multiply-xorshift rounds. */
+static inline uint64_t splitmix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A uniform integer of [0, bound) from a uniform 64-bit draw: the high word of draw * bound. */
+static inline uint64_t below(uint64_t draw, uint64_t bound) {
+#ifdef __SIZEOF_INT128__
+    return (uint64_t)(((unsigned __int128)draw * bound) >> 64);
+#else
+    uint64_t pick = (uint64_t)((double)(draw >> 11) * 0x1.0p-53 * (double)bound);
+    return pick < bound ? pick : bound - 1;
+#endif
+}
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
                                                                                                   \
@@ -530,6 +549,64 @@ static inline double exp_f64(double x) { return exp(x); }
                               a->out + r * a->width, keys);                                       \
         free(keys);                                                                               \
         return 0;                                                                                 \
+    }                                                                                             \
+                                                                                                  \
+    /* Rows of x (R, W, contiguous) with a uniform random subset of count[r] of their first      \
+     * population[r] columns kept (Floyd's algorithm as hop_floyd, on the uniforms of row r's     \
+     * own splitmix64 stream from `seed`, so the subsets do not depend on the threads); out as   \
+     * hop_topk_keep's `mode`. taken (W bytes) marks the picks. */                                \
+    typedef struct {                                                                              \
+        keep_args_##SUFFIX keep;                                                                  \
+        const int64_t *population;                                                                \
+        uint64_t seed;                                                                            \
+    } sample_args_##SUFFIX;                                                                       \
+                                                                                                  \
+    static void sample_row_##SUFFIX(const sample_args_##SUFFIX *a, int64_t r, unsigned char *taken) {\
+        const keep_args_##SUFFIX *keep = &a->keep;                                                \
+        const int64_t width = keep->width;                                                        \
+        const T *x = keep->x + r * width;                                                         \
+        T *out = keep->out + r * width;                                                           \
+        int64_t n = a->population[r], count = keep->count[r];                                     \
+        n = n < width ? n : width;                                                                \
+        count = count < n ? count : n;                                                            \
+        const uint64_t start = a->seed ^ ((uint64_t)r * 0xd1342543de82ef95ull);                   \
+        for (int64_t i = 0; i < count; i++) {                                                     \
+            uint64_t top = (uint64_t)(n - count + i);                                             \
+            uint64_t draw = splitmix64(start + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull);        \
+            uint64_t pick = below(draw, top + 1);                                                 \
+            pick += (top - pick) & ((uint64_t)0 - taken[pick]); /* taken: top (no branch) */      \
+            taken[pick] = 1;                                                                      \
+        }                                                                                         \
+        /* kept or -inf by bit masks (no branch on the random picks); out may be x */            \
+        const int bias = keep->mode == KEEP_BIAS;                                                 \
+        const T scale = keep->scale, dropped = -INFINITY;                                         \
+        KEY dropped_bits;                                                                         \
+        memcpy(&dropped_bits, &dropped, sizeof(KEY));                                             \
+        for (int64_t j = 0; j < width; j++) {                                                     \
+            T value = bias ? 0 : scale * x[j];                                                    \
+            KEY bits, keep_bits = (KEY)0 - (KEY)taken[j];                                         \
+            memcpy(&bits, &value, sizeof(KEY));                                                   \
+            bits = (bits & keep_bits) | (dropped_bits & ~keep_bits);                              \
+            memcpy(out + j, &bits, sizeof(KEY));                                                  \
+            taken[j] = 0;                                                                         \
+        }                                                                                         \
+        if (keep->mode == KEEP_SOFTMAX) softmax_n_##SUFFIX(out, width, keep->n);                  \
+    }                                                                                             \
+                                                                                                  \
+    static int sample_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                           \
+        sample_args_##SUFFIX *a = (sample_args_##SUFFIX *)p;                                      \
+        unsigned char *taken = (unsigned char *)calloc(a->keep.width > 0 ? a->keep.width : 1, 1); \
+        if (!taken) return HOP_NO_MEMORY;                                                         \
+        for (int64_t r = lo; r < hi; r++) sample_row_##SUFFIX(a, r, taken);                       \
+        free(taken);                                                                              \
+        return 0;                                                                                 \
+    }                                                                                             \
+                                                                                                  \
+    int hop_sample_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,   \
+                                  const int64_t *population, uint64_t seed, T scale, int mode,    \
+                                  T n, T *out, int threads) {                                     \
+        sample_args_##SUFFIX a = {{x, count, width, 0, scale, n, mode, out}, population, seed};   \
+        return parallel_for(sample_range_##SUFFIX, &a, rows, threads, PIECES);                    \
     }                                                                                             \
                                                                                                   \
     int hop_topk_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,     \
