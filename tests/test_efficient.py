@@ -927,11 +927,14 @@ def test_topk_dense_selection_equals_gathered_path_without_gradients(
 
 
 def test_topk_dense_selection_applies_by_size_gradients_and_budget(dispatch, kernel_path) -> None:
-    """The dense selection takes no-gradient calls up to TOPK_SELECT_UNTIL keys whose score
-    matrix fits the block budget, without dropout or weights, on the native kernels."""
+    """The dense selections take no-gradient calls up to TOPK_SELECT_UNTIL (random masks:
+    RANDOM_MASK_SELECT_UNTIL, without a mask or forced keys) keys whose score matrix fits the
+    block budget, without dropout or weights, on the native kernels."""
     if dispatch == "gathered":
         pytest.skip("the test picks its paths itself")
-    from hopfield.functional.efficient import TOPK_SELECT_UNTIL
+    from hopfield.functional.efficient import RANDOM_MASK_SELECT_UNTIL, TOPK_SELECT_UNTIL
+
+    assert RANDOM_MASK_SELECT_UNTIL == TOPK_SELECT_UNTIL  # the sizes below serve both
 
     q = torch.randn(1, 2, 6, 8)
     small = torch.randn(1, 2, TOPK_SELECT_UNTIL, 8)
@@ -947,6 +950,15 @@ def test_topk_dense_selection_applies_by_size_gradients_and_budget(dispatch, ker
         assert not tight._selects_densely(q, small, small, 1.0, 0.0, False)
     needs_grad = small.clone().requires_grad_()
     assert not structure._selects_densely(q, needs_grad, small, 1.0, 0.0, False)
+    sampled = RandomMask(4, seed=0)
+    with torch.no_grad():
+        assert sampled._samples_densely(q, small, small, 1.0, None, 0.0, False) == native_path
+        assert not sampled._samples_densely(q, large, large, 1.0, None, 0.0, False)
+        assert not sampled._samples_densely(
+            q, small, small, 1.0, torch.ones(6, 1).bool(), 0.0, False
+        )
+        forced = RandomMask(4, force=torch.tensor(0))
+        assert not forced._samples_densely(q, small, small, 1.0, None, 0.0, False)
 
 
 def _selection_blocks(monkeypatch, blocks: str) -> None:

@@ -187,15 +187,15 @@ _DENSE_SCORES_FROM = 8
 # 256, 1.26 vs 0.86 at 512. Without gradients the gathered path wins at every N.
 TOPK_DENSE_UNTIL = 128
 RANDOM_MASK_DENSE_UNTIL = 256
-# Up to these many keys, and B·H·L·S within the block budget, Top-K without gradients selects
-# on the full score matrix with :func:`native.topk_keep` (two BLAS products around one kernel
-# that selects and, for Softmax_n, weighs) instead of the chunked search and gathers. Ratio to
-# SDPA, forward, B1 H8 E64 k64, 2 threads, idle 2-core CPU (28 Nov 2026): 1.08 dense-selected
-# vs 2.28 gathered at N = 128, 1.28 vs 2.25 at 256, 1.33 vs 1.55 at 512, 2.2 vs 1.3 at 1024.
-TOPK_SELECT_UNTIL = 512
-# The same for random masks without gradients, mask or forced keys (:func:`native.sample_keep`
-# draws each query's subset and weighs it in one kernel).
-RANDOM_MASK_SELECT_UNTIL = 512
+# Up to these many keys, and B·H·L·S within the block budget, Top-K and random masks without
+# gradients select on the full score matrix: two BLAS products around one kernel that keeps each
+# query's support and, for Softmax_n, weighs it (:func:`native.topk_keep`,
+# :func:`native.sample_keep`; random masks only without a mask or forced keys). Ratio to SDPA,
+# forward, B1 H8 E64 k64, 2 threads, one interleaved run on the 2-core CPU (28 Nov 2026), dense
+# selection vs gathered path: Top-K 2.01 vs 3.22 at N = 256, 2.09 vs 1.66 at 512, 1.69 vs 1.39
+# at 1024; random mask 1.53 vs 2.27 at 256, 1.56 vs 1.38 at 512, 1.66 vs 0.72 at 1024.
+TOPK_SELECT_UNTIL = 256
+RANDOM_MASK_SELECT_UNTIL = 256
 
 # Scores per piece of Top-K's support search (kept small enough to stay in cache).
 _SCORE_PIECE = 1 << 21
@@ -604,9 +604,9 @@ def _valid_prefix(
     return (rows + (size - length) + 1).clamp(0, size)
 
 
-# Scores per query block of a dense selection (1 MiB in float32: the block stays in L2 between
-# the product, the kernel and the weighted sum).
-_SELECT_BLOCK = 1 << 18
+# Scores per query block of a dense selection (16 MiB in float32), a bound on its memory: smaller
+# blocks measured slower (smaller products), e.g. 1.51 vs 1.30 ms with 2 blocks at N = 256.
+_SELECT_BLOCK = 1 << 22
 
 
 def _associate_selected(
