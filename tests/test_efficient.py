@@ -1065,3 +1065,25 @@ def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
         _sampled_weights(fixed, q, k, Softmax(), False),
         _sampled_weights(fixed, q, k, Softmax(), False),
     )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("count", [{"k": 3}, {"fraction": 0.8}])
+def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
+    monkeypatch, dispatch, kernel_path, causal, count
+) -> None:
+    """On the native kernels a call's subsets come from its streams: the dense sampling, the
+    gathered path in one block and in blocks of two queries give the same association."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    outs = []
+    with torch.no_grad():
+        for path in ("dense", "gathered", "blocks"):
+            if path != "dense":
+                monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
+            budget = 2 * 2 * 2 * 12 if path == "blocks" else 1 << 23
+            structure = RandomMask(**count, seed=4, max_block_elements=budget)
+            outs.append(associate(q, k, v, structure=structure, causal=causal))
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-12)

@@ -590,6 +590,10 @@ def test_topk_keep_keeps_the_topk_selection_and_weighs_it(dtype, width, k, threa
                 bias = native.topk_keep(x, count, output="bias")
                 assert set(bias.unique().tolist()) <= {0.0, -math.inf}
                 assert torch.equal(x + bias, kept)
+                assert torch.equal(bias == 0, kept > -math.inf)
+                in_place = x.clone()
+                native.topk_keep(in_place, count, output="bias", out=in_place)
+                assert torch.equal(in_place, bias)
                 for n in (0.0, 1.0):
                     weights = native.topk_keep(x, count, output="softmax", scale=0.5, n=n)
                     expected = SoftmaxN(n)(kept.double() * 0.5)
@@ -623,7 +627,78 @@ def test_topk_keep_rejects_bad_arguments() -> None:
         native.topk_keep(x, torch.ones(4))
     with pytest.raises(ValueError, match="out must"):
         native.topk_keep(x, 3, out=torch.empty(4, 11))
-    with pytest.raises(ValueError, match="bias"):
-        native.topk_keep(x, 3, output="bias", out=x)
     with pytest.raises(TypeError, match="float32 or float64"):
         native.topk_keep(x.half(), 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sample_keep_keeps_count_of_the_population_uniformly(dtype) -> None:
+    """sample_keep keeps min(count, population, W) columns among the first population of each
+    row (count 0 keeps none), the same for a seed at any thread count, each column with
+    probability count / population; its bias, values and Softmax_n agree with each other."""
+    from hopfield.functional import SoftmaxN
+
+    rows, width = 3000, 10
+    x = torch.randn(rows, width, dtype=dtype)
+    count = torch.randint(0, 12, (rows,))
+    population = torch.randint(1, 13, (rows,))
+    kept = native.sample_keep(x, count, population, seed=5)
+    mask = kept > -math.inf
+    assert torch.equal(mask.sum(-1), torch.minimum(count, population.clamp(max=width)))
+    assert not (mask & (torch.arange(width) >= population.unsqueeze(-1))).any()
+    assert torch.equal(kept[mask], x[mask])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        assert torch.equal(native.sample_keep(x, count, population, seed=5), kept)
+    finally:
+        torch.set_num_threads(threads)
+    assert not torch.equal(native.sample_keep(x, count, population, seed=6), kept)
+    bias = native.sample_keep(x, count, population, seed=5, output="bias")
+    assert torch.equal(x + bias, kept)
+    weights = native.sample_keep(x, count, population, seed=5, output="softmax", scale=0.5, n=1)
+    expected = SoftmaxN(1.0)(kept.double() * 0.5)
+    assert (weights.double() - expected).abs().max() < (1e-6 if dtype == torch.float32 else 1e-13)
+    many = native.sample_keep(torch.zeros(40000, 8, dtype=dtype), 3, 8, seed=1)
+    rate = (many > -math.inf).double().mean(0)  # each column: 3 / 8, 6 sigma over 40,000 rows
+    assert ((rate - 3 / 8).abs() < 6 * math.sqrt(3 / 8 * 5 / 8 / 40000)).all()
+
+
+def test_sample_keep_rejects_bad_arguments() -> None:
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="seed"):
+        native.sample_keep(x, 3, 10, seed=-1)
+    with pytest.raises(ValueError, match="seed"):
+        native.sample_keep(x, 3, 10, seed=1 << 64)
+    with pytest.raises(ValueError, match="population must hold one count per row"):
+        native.sample_keep(x, 3, torch.ones(5, dtype=torch.int64), seed=0)
+    with pytest.raises(TypeError, match="count must"):
+        native.sample_keep(x, 2.0, 10, seed=0)  # type: ignore[arg-type]
+
+
+def test_sample_indices_are_sample_keeps_subsets_in_any_cut_of_the_queries() -> None:
+    """sample_indices and sample_keep draw the same subsets from a seed, and blocks of queries
+    (start, length) draw what the whole call draws."""
+    x = torch.randn(2, 3, 9, 20)
+    count = torch.randint(0, 8, (2, 3, 9))
+    population = torch.randint(1, 21, (2, 3, 9))
+    whole = native.sample_keep(x, count, population, 42)
+    blocks = [
+        native.sample_keep(
+            x[:, :, lo:hi], count[:, :, lo:hi], population[:, :, lo:hi], 42, start=lo, length=9
+        )
+        for lo, hi in ((0, 4), (4, 5), (5, 9))
+    ]
+    assert torch.equal(torch.cat(blocks, dim=-2), whole)
+    idx = native.sample_indices(count, population, 8, 42)
+    used = torch.arange(8) < torch.minimum(count, population).unsqueeze(-1)
+    assert (idx[~used] == 0).all()
+    marked = torch.zeros(x.shape).scatter_add_(-1, idx, used.float()) > 0
+    assert torch.equal(marked, whole > -math.inf)
+    assert (torch.zeros(x.shape).scatter_add_(-1, idx, used.float()) <= 1).all()  # distinct
+    late = native.sample_indices(count[:, :, 5:], population[:, :, 5:], 8, 42, start=5, length=9)
+    assert torch.equal(late, idx[:, :, 5:])
+    with pytest.raises(ValueError, match="slots"):
+        native.sample_indices(count, population, 1, 42)
+    with pytest.raises(ValueError, match="length"):
+        native.sample_indices(count, population, 8, 42, start=3, length=9)

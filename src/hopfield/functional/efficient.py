@@ -1042,24 +1042,32 @@ class TopK(_GatheredStructure):
             mask = with_causal(mask, q.shape[-2], size, q.device)
 
         def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
-            count: int | Tensor = min(self.k, size) if self.k is not None else size
-            if self.fraction is not None:
-                valid = (
-                    (scores > -math.inf).sum(-1)
-                    if mask is not None
-                    else scores.new_full(scores.shape[:-1], size, dtype=torch.int64)
-                )
-                count = support_size(valid, None, self.fraction)
+            count = self._kept_counts(scores, limited=mask is not None)
             return functools.partial(native.topk_keep, scores, count, out=scores)
 
         return _associate_selected(q, k, v, separation, scale, mask, select)
+
+    def _kept_counts(self, scores: Tensor, limited: bool) -> int | Tensor:
+        """How many of each row's scores ``(..., S)`` are kept: ``min(k, S)``, or per row for
+        ``fraction`` (of the finite scores when some rows are ``limited`` by a mask)."""
+        size = scores.shape[-1]
+        if self.fraction is None:
+            assert self.k is not None
+            return min(self.k, size)
+        valid = (
+            (scores > -math.inf).sum(-1)
+            if limited
+            else scores.new_full(scores.shape[:-1], size, dtype=torch.int64)
+        )
+        return support_size(valid, None, self.fraction)
 
     def _dense_support(
         self, q: Tensor, k: Tensor, scale: Scale, mask: Tensor | None, causal: bool
     ) -> Tensor:
         """The additive support bias ``(B, H, L, S)`` (:func:`support_bias`) of every query from
-        its full row of scores: the ``K`` largest allowed scores (:func:`top_scores`; ``K`` per
-        row from the allowed keys for ``fraction``), no gradients."""
+        its full row of scores: the ``K`` largest allowed scores (``K`` per row from the allowed
+        keys for ``fraction``; :func:`native.topk_keep`, else :func:`top_scores`), no
+        gradients."""
         batch, heads, length, _ = q.shape
         size = k.shape[-2]
         with torch.no_grad():
@@ -1071,6 +1079,9 @@ class TopK(_GatheredStructure):
                 scores = scores.masked_fill(~causal_mask(length, size, q.device), -math.inf)
             scores = scores.expand(batch, heads, length, size).contiguous()
             limited = bias is not None or causal  # some rows may have fewer allowed keys
+            if native.available(scores):
+                count = self._kept_counts(scores, limited)
+                return native.topk_keep(scores, count, output="bias", out=scores)
             slots = upper_count(self.k, self.fraction, size)
             values, idx = top_scores(scores, slots)
             keep = values > -math.inf if limited else None
@@ -1446,12 +1457,20 @@ class RandomMask(_GatheredStructure):
     directly or as ``max(1, int(fraction · valid keys))`` (``fraction`` = share *kept*; the
     paper's "mask probability" p is ``1 - fraction``).
 
-    Sampling: without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key indices are
-    drawn directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws whose repeats
-    are redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the rows that keep
-    more than half their keys); otherwise uniform random priorities over the allowed keys,
-    keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k`` smallest.
-    Every path draws each query's subset uniformly among the allowed ``k``-subsets.
+    Sampling: on the native CPU kernels, without a mask or ``force``, each query draws Floyd's
+    algorithm on its own random stream, keyed by one seed per call (from the generator below)
+    and the query's place in the call (:func:`native.sample_indices`,
+    :func:`native.sample_keep`): every path and every cut into query blocks sees the same
+    subsets. Otherwise, without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key
+    indices are drawn directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws
+    whose repeats are redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the
+    rows that keep more than half their keys); else uniform random priorities over the allowed
+    keys, keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k``
+    smallest. Every path draws each query's subset uniformly among the allowed ``k``-subsets.
+
+    Without gradients, up to :data:`RANDOM_MASK_SELECT_UNTIL` keys (native kernels, no mask, no
+    ``force``, no dropout, no weights), the subsets are drawn and weighed on the full score
+    matrix in one kernel (:func:`native.sample_keep`).
 
     Randomness and modes:
 
@@ -1521,6 +1540,7 @@ class RandomMask(_GatheredStructure):
         self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
         self._private: dict[str, torch.Generator] = {}
         self._call_generator: torch.Generator | None = None
+        self._call_seed: int | None = None
 
     def extra_repr(self) -> str:
         count = f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
@@ -1541,6 +1561,17 @@ class RandomMask(_GatheredStructure):
             private.manual_seed(self.seed)
             self._private[key] = private
         return self._private[key]
+
+    def _stream_seed(self) -> int:
+        """The seed of this call's kernel-drawn subsets (:func:`native.sample_keep`,
+        :func:`native.sample_indices`), drawn from its generator at the first use in the call:
+        every block of queries and every path of the call draws from the same streams."""
+        if self._call_seed is None:
+            generator = self._call_generator
+            where = generator.device if generator is not None else "cpu"
+            draw = torch.randint(0, 1 << 62, (1,), generator=generator, device=where)
+            self._call_seed = int(draw)
+        return self._call_seed
 
     def _rand(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
         generator = self._call_generator
@@ -1608,6 +1639,7 @@ class RandomMask(_GatheredStructure):
             )
         finally:
             self._call_generator = None
+            self._call_seed = None
 
     def _samples_densely(
         self,
@@ -1648,17 +1680,28 @@ class RandomMask(_GatheredStructure):
         subset of the keys it may see (the causal prefix) is drawn and kept by
         :func:`native.sample_keep` (Floyd's algorithm on a per-row stream seeded from this
         call's generator), which for Softmax_n also gives the weights."""
-        length, size = q.shape[-2], k.shape[-2]
-        generator = self._call_generator
+        length = q.shape[-2]
 
         def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
-            seen = _valid_prefix(start, stop, length, size, causal, q.device)
-            seen = seen.expand(scores.shape[:-1])
-            count = torch.minimum(support_size(seen, self.k, self.fraction), seen)
-            seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device="cpu"))
-            return functools.partial(native.sample_keep, scores, count, seen, seed, out=scores)
+            return self._sampler(scores, start, length, causal)
 
         return _associate_selected(q, k, v, separation, scale, None, select)
+
+    def _sampler(
+        self, scores: Tensor, start: int, length: int, causal: bool
+    ) -> Callable[..., Tensor]:
+        """:func:`native.sample_keep` on ``scores (B, H, rows, S)`` of the queries from ``start``
+        (of ``length``) in place, for each query ``min(K, visible)`` of the keys the causal rule
+        lets it see, on this call's streams (:meth:`_stream_seed`); the remaining arguments
+        (``output``, ``scale``, ``n``) are the caller's."""
+        size = scores.shape[-1]
+        seen = _valid_prefix(start, start + scores.shape[-2], length, size, causal, scores.device)
+        seen = seen.expand(scores.shape[:-1])
+        count = torch.minimum(support_size(seen, self.k, self.fraction), seen)
+        return functools.partial(
+            native.sample_keep, scores, count, seen, self._stream_seed(), start=start,
+            length=length, out=scores,
+        )  # fmt: skip
 
     def _masked_kernel(
         self,
@@ -1675,21 +1718,30 @@ class RandomMask(_GatheredStructure):
         """The association as the fused dense kernel with an additive mask of the sampled
         subsets (:func:`dense_with_support`), for sizes where the ``L × S`` mask costs less
         than gathering ``k`` keys and values per query. The subsets are drawn by the same
-        sampler, per block of queries whose support search holds at most
-        ``max_block_elements`` entries (the gathered path's blocks also budget its gathered
-        keys, so with several blocks the two paths may see different random subsets); given the
-        subsets, both give the same weights up to rounding."""
+        sampler: on the native kernels without a mask or ``force`` all at once from the call's
+        streams (the gathered path's subsets); otherwise per block of queries whose support
+        search holds at most ``max_block_elements`` entries (the gathered path's blocks also
+        budget its gathered keys, so with several blocks the two paths may see different random
+        subsets). Given the subsets, both give the same weights up to rounding."""
         batch, heads, length, _ = q.shape
         size = k.shape[-2]
         bias = additive_bias(mask, q.dtype)
         block = self._block_length(batch * heads, size, length)
         with torch.no_grad():
-            kernel_bias = torch.full(
-                (batch, heads, length, size), -math.inf, dtype=q.dtype, device=q.device
-            )
-            pieces = self._support_blocks(q, k, scale=scale, bias=bias, causal=causal, block=block)
-            for piece in pieces:
-                support_bias(piece.idx, piece.keep, kernel_bias[:, :, piece.start : piece.stop])
+            if mask is None and self.force is None and native.available(q, k, v):
+                # the subsets drawn in the kernel, on zeros: 0 on each subset, -inf elsewhere
+                zeros = q.new_zeros(batch, heads, length, size)
+                kernel_bias = self._sampler(zeros, 0, length, causal)(output="bias")
+            else:
+                kernel_bias = torch.full(
+                    (batch, heads, length, size), -math.inf, dtype=q.dtype, device=q.device
+                )
+                pieces = self._support_blocks(
+                    q, k, scale=scale, bias=bias, causal=causal, block=block
+                )
+                for piece in pieces:
+                    rows = kernel_bias[:, :, piece.start : piece.stop]
+                    support_bias(piece.idx, piece.keep, rows)
         return dense_with_support(
             q,
             k,
@@ -1737,7 +1789,8 @@ class RandomMask(_GatheredStructure):
         if forced is not None and bool(((forced < 0) | (forced >= size)).any()):
             raise ValueError(f"force must hold key indices in [0, {size}), got values outside")
         upper = upper_count(self.k, self.fraction, size)
-        if bias is None and _index_sampler_applies(upper, size, causal):
+        streams = forced is None and native.usable_on(device)
+        if bias is None and (streams or _index_sampler_applies(upper, size, causal)):
             n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
                 batch, heads, rows
             )
@@ -1748,7 +1801,11 @@ class RandomMask(_GatheredStructure):
             def draw(shape: tuple[int, ...]) -> Tensor:
                 return self._rand(shape, device)
 
-            if forced is None:
+            if streams:  # the subsets of the dense paths' kernels, block by block
+                idx = native.sample_indices(
+                    count, n, slots, self._stream_seed(), start=start, length=length
+                )
+            elif forced is None:
                 idx = sample_subsets(count.reshape(-1), n.reshape(-1), slots, draw)
             else:
                 # The forced key first, then count - 1 others drawn from the remaining n - 1 keys.

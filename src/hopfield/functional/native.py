@@ -89,6 +89,10 @@ _REAL = {"f32": ctypes.c_float, "f64": ctypes.c_double}
 # must export all of them (its manifest records the list, checked again after loading it).
 _SIGNATURES: dict[str, Sequence[type]] = {
     "hop_floyd": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
+    "hop_sample_indices": [
+        *(_PTR, _PTR, _INT64, _INT64, _INT64, ctypes.c_uint64, _INT64, _INT64, _INT64, _PTR),
+        ctypes.c_int,
+    ],
     **{
         f"{name}_{suffix}": arguments
         for suffix, real in _REAL.items()
@@ -103,8 +107,8 @@ _SIGNATURES: dict[str, Sequence[type]] = {
                 *(_PTR, _INT64, _INT64, _PTR, _INT64, real, ctypes.c_int, real, _PTR, ctypes.c_int)
             ],
             "hop_sample_keep": [
-                *(_PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, real, ctypes.c_int, real),
-                *(_PTR, ctypes.c_int),
+                *(_PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, _INT64, _INT64, _INT64),
+                *(real, ctypes.c_int, real, _PTR, ctypes.c_int),
             ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
@@ -636,8 +640,6 @@ def _keep_call(
         out = torch.empty_like(rows)
     elif out.shape != x.shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
-    elif output == "bias" and out.data_ptr() == rows.data_ptr():
-        raise ValueError("out may be x except for output='bias'")
     _run(
         kernel,
         x.dtype,
@@ -667,8 +669,9 @@ def topk_keep(
     :func:`topk` (first columns among ties, NaN largest). ``output`` says what is written:
 
     - ``"values"``: ``scale · x`` where kept, ``-inf`` elsewhere;
-    - ``"bias"``: 0 where kept, ``-inf`` elsewhere (the additive mask of the selection; a kept
-      ``-inf`` entry gets 0 too, so ``x + bias`` is the ``"values"`` output at scale 1);
+    - ``"bias"``: 0 where kept (but for ``-inf`` entries), ``-inf`` elsewhere: the additive mask
+      of the selection, also as a mask of its own (``x + bias`` is the ``"values"`` output at
+      scale 1);
     - ``"softmax"``: the Softmax_n weights of ``scale · x`` over the kept entries,
       ``exp(z_i) / (n + Σ_kept exp(z_j))``, and 0 elsewhere (a row with nothing finite gives
       zeros). In float32 the exponential is a polynomial with relative error below 2e-7.
@@ -676,7 +679,7 @@ def topk_keep(
     ``k`` is one count for every row or an integer tensor with one count per row
     (``x.shape[:-1]``); a count of at least ``W`` keeps the whole row, one of at most 0 keeps
     nothing. ``out`` (contiguous, ``x``'s shape and dtype) receives the result and may be ``x``
-    itself (in place) except for ``"bias"``; by default a new tensor. No autograd."""
+    itself (in place); by default a new tensor. No autograd."""
     if isinstance(k, Tensor):
         counts = _row_counts("k", k, x.shape[:-1])
         return _keep_call("hop_topk_keep", x, output, out, (counts.data_ptr(), 0), scale, n)
@@ -685,39 +688,85 @@ def topk_keep(
     return _keep_call("hop_topk_keep", x, output, out, (None, k), scale, n)
 
 
+def _stream_rows(
+    shape: torch.Size, seed: int, start: int, length: int | None
+) -> tuple[int, int, int]:
+    """``(queries, length, start)`` of the sampling kernels for rows ``shape = (..., queries)``
+    (see :func:`sample_keep`), checked with the seed."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    queries = shape[-1] if len(shape) else 1
+    length = start + queries if length is None else length
+    if _count("start", start, 0) + queries > _count("length", length, 0):
+        raise ValueError(f"start + {queries} queries must be at most length={length}")
+    return max(queries, 1), length, start
+
+
 def sample_keep(
     x: Tensor,
     count: int | Tensor,
     population: int | Tensor,
     seed: int,
     *,
+    start: int = 0,
+    length: int | None = None,
     output: str = "values",
     scale: float = 1.0,
     n: float = 0.0,
     out: Tensor | None = None,
 ) -> Tensor:
-    """Each row of ``x (..., W)`` with a uniform random subset of ``count`` of its first
+    """Each row of ``x (..., Lc, W)`` with a uniform random subset of ``count`` of its first
     ``population`` columns kept, and :func:`topk_keep`'s ``output``, ``scale``, ``n`` and ``out``.
 
     ``count`` and ``population`` are one int or an integer tensor per row (``x.shape[:-1]``),
-    clipped to ``[0, W]`` and to the population. The subsets come from Floyd's algorithm (as
-    :func:`floyd_sample`) on a splitmix64 stream per row derived from ``seed`` (an integer in
-    ``[0, 2**64)``): the same seed gives the same subsets for any number of threads. No
-    autograd."""
+    clipped to ``[0, W]`` and to the population. The rows are queries ``start .. start + Lc``
+    of sequences of ``length`` (default ``start + Lc``), one per leading index: each draws
+    Floyd's algorithm (as :func:`floyd_sample`) on its own splitmix64 stream, keyed by ``seed``
+    (in ``[0, 2**64)``) and its place in the ``(..., length)`` whole, so a seed gives the same
+    subsets for any number of threads and any cut of the queries into blocks, and the same as
+    :func:`sample_indices`. No autograd."""
     shape = x.shape[:-1]
     counts = _row_counts("count", count, shape)
     populations = _row_counts("population", population, shape)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return _keep_call(
-        "hop_sample_keep",
-        x,
-        output,
-        out,
-        (counts.data_ptr(), populations.data_ptr(), seed),
-        scale,
-        n,
+    rows = _stream_rows(shape, seed, start, length)
+    arguments = (counts.data_ptr(), populations.data_ptr(), seed, *rows)
+    return _keep_call("hop_sample_keep", x, output, out, arguments, scale, n)
+
+
+def sample_indices(
+    count: Tensor,
+    population: int | Tensor,
+    slots: int,
+    seed: int,
+    *,
+    start: int = 0,
+    length: int | None = None,
+) -> Tensor:
+    """The subsets :func:`sample_keep` keeps, as column indices ``(..., Lc, slots)`` (int64, in
+    the order they are drawn; slots past a row's ``min(count, population)`` hold 0): ``count``
+    ``(..., Lc)`` and ``population`` (one int or a tensor of ``count``'s shape) as there,
+    ``slots >= max(count)``."""
+    counts = _row_counts("count", count, count.shape)
+    populations = _row_counts("population", population, count.shape)
+    rows = _stream_rows(count.shape, seed, start, length)
+    if counts.numel() and _count("slots", slots, 0) < int(counts.clamp(max=populations).max()):
+        raise ValueError(f"slots={slots} is below the largest count")
+    out = torch.empty(counts.numel(), slots, dtype=torch.int64)
+    width = int(populations.max()) if populations.numel() else 0
+    _run(
+        "hop_sample_indices",
+        None,
+        counts.data_ptr(),
+        populations.data_ptr(),
+        counts.numel(),
+        slots,
+        width,
+        seed,
+        *rows,
+        out.data_ptr(),
+        _threads(counts.numel() * max(slots, 1) * 8),
     )
+    return out.view(*count.shape, slots)
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

@@ -9,7 +9,8 @@
  * hop_topk_keep:     rows of x with their k largest entries kept and the others -inf, the
  *                    additive mask of that selection (0 and -inf) or the Softmax_n weights
  *                    over the kept entries.
- * hop_sample_keep:   the same outputs for a uniform random subset of each row's columns.
+ * hop_sample_keep:   the same outputs for a uniform random subset of each row's columns;
+ * hop_sample_indices: those subsets as column indices.
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
@@ -203,6 +204,66 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
     uint64_t pick = (uint64_t)((double)(draw >> 11) * 0x1.0p-53 * (double)bound);
     return pick < bound ? pick : bound - 1;
 #endif
+}
+
+/* Rows of (B·H, queries) whose subsets are drawn: row r is query start + r % queries of a
+ * sequence of `length` in batch-head r / queries, and its stream is keyed by that query's place
+ * in the whole (B·H, length) call, so blocks of queries draw what one block would. */
+typedef struct {
+    int64_t queries, length, start;
+} stream_rows;
+
+static inline uint64_t stream_id(int64_t r, const stream_rows *rows) {
+    return (uint64_t)((r / rows->queries) * rows->length + rows->start + r % rows->queries);
+}
+
+/* Floyd's algorithm (as hop_floyd) for count distinct picks of [0, n), on the splitmix64 stream
+ * of (seed, id): pick i takes a uniform draw of [0, top], top = n - count + i, or top itself
+ * when that is taken. Marks the picks in taken (n bytes, zero on entry) and writes them to picks
+ * (unless NULL), in order. */
+static void floyd_stream(uint64_t seed, uint64_t id, int64_t count, int64_t n,
+                         unsigned char *taken, int64_t *picks) {
+    const uint64_t start = seed ^ (id * 0xd1342543de82ef95ull);
+    for (int64_t i = 0; i < count; i++) {
+        uint64_t top = (uint64_t)(n - count + i);
+        uint64_t pick = below(splitmix64(start + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull), top + 1);
+        pick += (top - pick) & ((uint64_t)0 - taken[pick]); /* taken: top (no branch) */
+        taken[pick] = 1;
+        if (picks) picks[i] = (int64_t)pick;
+    }
+}
+
+/* The picks of hop_sample_keep as indices: row r of out (R, slots) holds the min(count[r],
+ * population[r]) picks of its stream in order, then zeros; `width` bounds every population. */
+typedef struct {
+    const int64_t *count, *population;
+    int64_t slots, width;
+    uint64_t seed;
+    stream_rows rows;
+    int64_t *out;
+} indices_args;
+
+static int indices_range(void *p, int64_t lo, int64_t hi) {
+    indices_args *a = (indices_args *)p;
+    unsigned char *taken = (unsigned char *)calloc(a->width > 0 ? a->width : 1, 1);
+    if (!taken) return HOP_NO_MEMORY;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t n = a->population[r], count = a->count[r], *out = a->out + r * a->slots;
+        count = count < n ? count : n;
+        count = count < a->slots ? count : a->slots;
+        floyd_stream(a->seed, stream_id(r, &a->rows), count, n, taken, out);
+        for (int64_t i = 0; i < count; i++) taken[out[i]] = 0;
+        for (int64_t i = count; i < a->slots; i++) out[i] = 0;
+    }
+    free(taken);
+    return 0;
+}
+
+int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t rows,
+                       int64_t slots, int64_t width, uint64_t seed, int64_t queries, int64_t length,
+                       int64_t start, int64_t *out, int threads) {
+    indices_args a = {count, population, slots, width, seed, {queries, length, start}, out};
+    return parallel_for(indices_range, &a, rows, threads, PIECES);
 }
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
@@ -460,11 +521,11 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
                                                                                                   \
     /* Rows of x (R, W, contiguous) with their k largest entries kept (count[r] of row r when     \
      * count is given; first columns among ties, NaN largest, as hop_topk). out (R, W) gets, by   \
-     * `mode`: KEEP_VALUES scale * x where kept and -inf elsewhere; KEEP_BIAS 0 and -inf (the     \
-     * additive mask of the selection); KEEP_SOFTMAX the Softmax_n weights of scale * x over the  \
-     * kept entries, exp(z_i - m) / (n exp(-m) + sum exp(z_j - m)) with m = max(0 if n > 0, max z)\
-     * (0 for a row with nothing finite), and 0 elsewhere. out may be x (in place) but for        \
-     * KEEP_BIAS. */                                                                             \
+     * `mode`: KEEP_VALUES scale * x where kept and -inf elsewhere; KEEP_BIAS 0 where kept and  \
+     * finite or +inf, -inf elsewhere (the additive mask of the selection); KEEP_SOFTMAX the      \
+     * Softmax_n weights of scale * x over the kept entries, exp(z_i - m) / (n exp(-m) +          \
+     * sum exp(z_j - m)) with m = max(0 if n > 0, max z) (0 for a row with nothing finite), and 0 \
+     * elsewhere. out may be x (in place): each entry is read before it is written. */           \
     typedef struct {                                                                              \
         const T *x;                                                                               \
         const int64_t *count;                                                                     \
@@ -481,7 +542,8 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
         KEY split = k < width ? split_key_##SUFFIX(keys, width, k, &exact) : 0;                   \
         if (exact) { /* no ties to break: branch-free passes that vectorise */                    \
             if (bias)                                                                             \
-                for (int64_t i = 0; i < width; i++) out[i] = keys[i] >= split ? 0 : -INFINITY;    \
+                for (int64_t i = 0; i < width; i++)                                               \
+                    out[i] = keys[i] >= split && x[i] != -INFINITY ? 0 : -INFINITY;               \
             else                                                                                  \
                 for (int64_t i = 0; i < width; i++)                                               \
                     out[i] = keys[i] >= split ? scale * x[i] : -INFINITY;                         \
@@ -493,7 +555,8 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
         for (int64_t i = 0; i < width; i++) {                                                     \
             int tie = keys[i] == split && ties > 0;                                               \
             ties -= tie;                                                                          \
-            out[i] = (keys[i] > split) | tie ? (bias ? 0 : scale * x[i]) : -INFINITY;             \
+            T kept = bias ? (x[i] != -INFINITY ? 0 : -INFINITY) : scale * x[i];                   \
+            out[i] = (keys[i] > split) | tie ? kept : -INFINITY;                                  \
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
@@ -552,13 +615,14 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
     }                                                                                             \
                                                                                                   \
     /* Rows of x (R, W, contiguous) with a uniform random subset of count[r] of their first      \
-     * population[r] columns kept (Floyd's algorithm as hop_floyd, on the uniforms of row r's     \
-     * own splitmix64 stream from `seed`, so the subsets do not depend on the threads); out as   \
+     * population[r] columns kept (floyd_stream on the stream of row r's query, see stream_rows: \
+     * the subsets depend neither on the threads nor on the blocks of queries); out as           \
      * hop_topk_keep's `mode`. taken (W bytes) marks the picks. */                                \
     typedef struct {                                                                              \
         keep_args_##SUFFIX keep;                                                                  \
         const int64_t *population;                                                                \
         uint64_t seed;                                                                            \
+        stream_rows rows;                                                                         \
     } sample_args_##SUFFIX;                                                                       \
                                                                                                   \
     static void sample_row_##SUFFIX(const sample_args_##SUFFIX *a, int64_t r, unsigned char *taken) {\
@@ -569,21 +633,14 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
         int64_t n = a->population[r], count = keep->count[r];                                     \
         n = n < width ? n : width;                                                                \
         count = count < n ? count : n;                                                            \
-        const uint64_t start = a->seed ^ ((uint64_t)r * 0xd1342543de82ef95ull);                   \
-        for (int64_t i = 0; i < count; i++) {                                                     \
-            uint64_t top = (uint64_t)(n - count + i);                                             \
-            uint64_t draw = splitmix64(start + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull);        \
-            uint64_t pick = below(draw, top + 1);                                                 \
-            pick += (top - pick) & ((uint64_t)0 - taken[pick]); /* taken: top (no branch) */      \
-            taken[pick] = 1;                                                                      \
-        }                                                                                         \
+        floyd_stream(a->seed, stream_id(r, &a->rows), count, n, taken, NULL);                    \
         /* kept or -inf by bit masks (no branch on the random picks); out may be x */            \
         const int bias = keep->mode == KEEP_BIAS;                                                 \
         const T scale = keep->scale, dropped = -INFINITY;                                         \
         KEY dropped_bits;                                                                         \
         memcpy(&dropped_bits, &dropped, sizeof(KEY));                                             \
         for (int64_t j = 0; j < width; j++) {                                                     \
-            T value = bias ? 0 : scale * x[j];                                                    \
+            T value = bias ? (x[j] != -INFINITY ? 0 : -INFINITY) : scale * x[j];                  \
             KEY bits, keep_bits = (KEY)0 - (KEY)taken[j];                                         \
             memcpy(&bits, &value, sizeof(KEY));                                                   \
             bits = (bits & keep_bits) | (dropped_bits & ~keep_bits);                              \
@@ -603,9 +660,11 @@ static inline uint64_t below(uint64_t draw, uint64_t bound) {
     }                                                                                             \
                                                                                                   \
     int hop_sample_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,   \
-                                  const int64_t *population, uint64_t seed, T scale, int mode,    \
-                                  T n, T *out, int threads) {                                     \
-        sample_args_##SUFFIX a = {{x, count, width, 0, scale, n, mode, out}, population, seed};   \
+                                  const int64_t *population, uint64_t seed, int64_t queries,      \
+                                  int64_t length, int64_t start, T scale, int mode, T n, T *out,  \
+                                  int threads) {                                                  \
+        sample_args_##SUFFIX a = {{x, count, width, 0, scale, n, mode, out}, population, seed,    \
+                                  {queries, length, start}};                                      \
         return parallel_for(sample_range_##SUFFIX, &a, rows, threads, PIECES);                    \
     }                                                                                             \
                                                                                                   \
