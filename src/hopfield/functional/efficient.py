@@ -357,6 +357,30 @@ class _GatheredStructure(Structure):
             and batch * heads * length * size <= self.max_block_elements
         )
 
+    def _selection_fits(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: Scale,
+        dropout: float,
+        return_weights: bool,
+        until: int,
+    ) -> bool:
+        """Whether a support chosen on the full score matrix fits: no gradients, dropout or
+        weights, the native kernels, at most ``until`` keys and ``B·H·L·S`` within
+        ``max_block_elements``."""
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
+        return (
+            dropout == 0.0
+            and not return_weights
+            and not _grads_needed(q, k, v, scale)
+            and native.available(q, k, v)
+            and size <= until
+            and batch * heads * length * size <= self.max_block_elements
+        )
+
     def _recomputed(
         self,
         q: Tensor,
@@ -1009,19 +1033,9 @@ class TopK(_GatheredStructure):
     def _selects_densely(
         self, q: Tensor, k: Tensor, v: Tensor, scale: Scale, dropout: float, return_weights: bool
     ) -> bool:
-        """Whether the association takes :meth:`_dense_selected`: no gradients, dropout or
-        weights, the native kernels, at most :data:`TOPK_SELECT_UNTIL` keys and ``B·H·L·S``
-        within ``max_block_elements``."""
-        batch, heads, length, _ = q.shape
-        size = k.shape[-2]
-        return (
-            dropout == 0.0
-            and not return_weights
-            and not _grads_needed(q, k, v, scale)
-            and native.available(q, k, v)
-            and size <= TOPK_SELECT_UNTIL
-            and batch * heads * length * size <= self.max_block_elements
-        )
+        """Whether the association takes :meth:`_dense_selected` (:meth:`_selection_fits`
+        with :data:`TOPK_SELECT_UNTIL`)."""
+        return self._selection_fits(q, k, v, scale, dropout, return_weights, TOPK_SELECT_UNTIL)
 
     def _dense_selected(
         self,
@@ -1651,20 +1665,14 @@ class RandomMask(_GatheredStructure):
         dropout: float,
         return_weights: bool,
     ) -> bool:
-        """Whether the association takes :meth:`_dense_sampled`: no gradients, mask, forced
-        keys, dropout or weights, the native kernels, at most
-        :data:`RANDOM_MASK_SELECT_UNTIL` keys and ``B·H·L·S`` within ``max_block_elements``."""
-        batch, heads, length, _ = q.shape
-        size = k.shape[-2]
+        """Whether the association takes :meth:`_dense_sampled`: no mask or forced keys, and
+        :meth:`_selection_fits` with :data:`RANDOM_MASK_SELECT_UNTIL`."""
         return (
             mask is None
             and self.force is None
-            and dropout == 0.0
-            and not return_weights
-            and not _grads_needed(q, k, v, scale)
-            and native.available(q, k, v)
-            and size <= RANDOM_MASK_SELECT_UNTIL
-            and batch * heads * length * size <= self.max_block_elements
+            and self._selection_fits(
+                q, k, v, scale, dropout, return_weights, RANDOM_MASK_SELECT_UNTIL
+            )
         )
 
     def _dense_sampled(
