@@ -184,8 +184,10 @@ _DENSE_SCORES_FROM = 8
 # densely (:func:`dense_with_support`). Thread CPU time ÷ SDPA's, forward + backward, B1 H8
 # E64 k64, one thread on the loaded 2-core CPU (27 Nov 2026): Top-K 1.67 dense vs 2.59
 # gathered at N = 128, 1.85 vs 1.69 at 256; random mask 1.84 vs 3.16 at 128, 1.52 vs 1.65 at
-# 256, 1.26 vs 0.86 at 512. Without gradients the gathered path wins at every N.
-TOPK_DENSE_UNTIL = 128
+# 256, 1.26 vs 0.86 at 512. With the supports from the kernels (native.topk_keep and
+# native.sample_keep, 28 Nov 2026, ratio to SDPA, 2 threads, idle CPU) Top-K's dense path is
+# 1.40 vs 2.37 gathered at 256 and 1.31 vs 0.96-1.00 at 512.
+TOPK_DENSE_UNTIL = 256
 RANDOM_MASK_DENSE_UNTIL = 256
 # Up to these many keys, and B·H·L·S within the block budget, Top-K and random masks without
 # gradients select on the full score matrix: two BLAS products around one kernel that keeps each
