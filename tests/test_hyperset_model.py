@@ -615,3 +615,40 @@ def test_layer_steps_match_their_formula_with_gradients_for_broadcast_step_sizes
     assert torch.autograd.gradcheck(_take_step, (x, alpha, update))
     assert torch.autograd.gradgradcheck(_take_step, (x, alpha, update))
     torch.testing.assert_close(_take_step(x, 0.5, update), x + 0.5 * update)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_flash_bisoftmax_with_split_keys_matches_explicit(monkeypatch, symmetric: bool) -> None:
+    """One batch-head on two threads with 2 × 3 keys a part: the flash path's forward calls
+    split the keys (structures.flash_attention, split-KV) and still equal the explicit
+    bi-softmax in values and gradients."""
+    from hopfield.functional import structures
+
+    monkeypatch.setattr(structures, "KEYS_PER_PART", 3)
+    parts: list[int] = []
+
+    def spy(q, k, v, mask, is_causal, scale):
+        parts.append(structures._key_parts(q, k, mask, is_causal))
+        return structures.flash_attention(q, k, v, mask, is_causal, scale)
+
+    monkeypatch.setattr(hyperset_energy, "flash_attention", spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(5)
+        zq, zk, zv = (torch.randn(1, 1, 7, 4, generator=g, dtype=D64) for _ in range(3))
+        zk = zq if symmetric else zk
+        leaves = [t.requires_grad_(True) for t in dict.fromkeys((zq, zk, zv))]
+        fast = attention_operator(zq, zk, zv, symmetric=symmetric, fused=True)
+        assert parts and set(parts) == {2}
+        slow = attention_operator(zq, zk, zv, symmetric=symmetric, fused=False)
+        torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+        cotangent = torch.randn_like(fast)
+        for a, b in zip(
+            torch.autograd.grad(fast, leaves, cotangent),
+            torch.autograd.grad(slow, leaves, cotangent),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    finally:
+        torch.set_num_threads(threads)

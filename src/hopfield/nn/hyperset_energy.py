@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hopfield.functional.structures import flash_attention
+
 AttentionKind = Literal["bisoftmax", "sigmoid", "linear"]
 FeedforwardKind = Literal["relu", "gelu", "softmax", "gated"]
 ATTENTION_KINDS: tuple[str, ...] = ("bisoftmax", "sigmoid", "linear")
@@ -318,11 +320,10 @@ def _flash_applies(zq: Tensor, zk: Tensor, zv: Tensor) -> bool:
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, beta: float) -> tuple[Tensor, Tensor]:
-    """``(softmax(β q kᵀ) v, logsumexp_j β q kᵀ)``: ``(..., N, p)`` and ``(..., N)``."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, scale=beta
-    )
-    return out, lse
+    """``(softmax(β q kᵀ) v, logsumexp_j β q kᵀ)``: ``(B, H, N, p)`` and ``(B, H, N)``, from
+    :func:`~hopfield.functional.structures.flash_attention` (which splits the keys of fewer
+    batch-heads than threads)."""
+    return flash_attention(q, k, v, None, False, beta)
 
 
 def _flash_backward(
