@@ -26,6 +26,7 @@ def dispatch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
         monkeypatch.setattr(_GatheredStructure, "_dense_fits", lambda *args: False)
         monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
+        monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
     return str(request.param)
 
 
@@ -1087,3 +1088,16 @@ def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
             outs.append(associate(q, k, v, structure=structure, causal=causal))
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: TopK(3), lambda: RandomMask(3, seed=2).eval()])
+def test_dense_selections_under_cpu_autocast_compute_in_float32(dispatch, kernel_path, make):
+    """Inside ``torch.autocast("cpu", bfloat16)`` (the bf16 training presets) the selections on
+    the full score matrix keep their products in float32 and give the float32 result."""
+    q, k, v = (t.float().detach() for t in patterns(b=2, h=2, length=9, size=12, e=4, ev=4))
+    structure = make()
+    with torch.no_grad():
+        plain = associate(q, k, v, structure=structure)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = associate(q, k, v, structure=structure)
+    torch.testing.assert_close(mixed.float(), plain, rtol=1e-2, atol=1e-2)

@@ -654,18 +654,38 @@ def _associate_selected(
     size = k.shape[-2]
     rows = max(1, _SELECT_BLOCK // max(1, batch * heads * size))
     outs = []
-    for start in range(0, length, rows):
-        stop = min(length, start + rows)
-        scores = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2))
-        factor = 1.0
-        if isinstance(scale, Tensor) or mask is not None:
-            block_mask = None if mask is None else _rows(mask, start, stop, length)
-            scores = apply_mask(scores * _rows(scale, start, stop, length), block_mask)
-        else:
-            factor = scale
-        scores = scores.expand(batch, heads, stop - start, size).contiguous()
-        outs.append(_weigh_kept(select(scores, start, stop), v, separation, factor))
+    # The kernels take q's dtype (float32 or float64): an autocast region would make the
+    # products bfloat16, so it is left for this computation (as for the other float32 paths).
+    with torch.autocast(q.device.type, enabled=False):
+        for start in range(0, length, rows):
+            outs.append(_selected_block(q, k, v, separation, scale, mask, select, start, rows))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _selected_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    select: Callable[[Tensor, int, int], Callable[..., Tensor]],
+    start: int,
+    rows: int,
+) -> Tensor:
+    """The queries ``start:start + rows`` of :func:`_associate_selected`."""
+    batch, heads, length, _ = q.shape
+    size = k.shape[-2]
+    stop = min(length, start + rows)
+    scores = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2))
+    factor = 1.0
+    if isinstance(scale, Tensor) or mask is not None:
+        block_mask = None if mask is None else _rows(mask, start, stop, length)
+        scores = apply_mask(scores * _rows(scale, start, stop, length), block_mask)
+    else:
+        factor = scale
+    scores = scores.expand(batch, heads, stop - start, size).contiguous()
+    return _weigh_kept(select(scores, start, stop), v, separation, factor)
 
 
 def _weigh_kept(
