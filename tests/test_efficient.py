@@ -838,12 +838,19 @@ def test_dense_dispatch_applies_with_gradients_below_the_crossover(
 
     calls: list[int] = []
     original = efficient.dense_with_support
+    selected = efficient._SelectedSoftmax.apply
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
+    def spy_selected(*args):
+        calls.append(1)
+        return selected(*args)
+
+    # the dense paths: the fused kernel with a support mask, or Softmax_n on the kernels' weights
     monkeypatch.setattr(efficient, "dense_with_support", spy)
+    monkeypatch.setattr(efficient._SelectedSoftmax, "apply", spy_selected)
     q, k, v = patterns(b=1, h=2, length=9, size=12, e=4, ev=4)
     for structure in (TopK(3, dense_until=12), RandomMask(3, seed=0, dense_until=12)):
         associate(q, k, v, structure=structure)  # gradients, S <= dense_until: dense
@@ -1101,3 +1108,49 @@ def test_dense_selections_under_cpu_autocast_compute_in_float32(dispatch, kernel
         with torch.autocast("cpu", dtype=torch.bfloat16):
             mixed = associate(q, k, v, structure=structure)
     torch.testing.assert_close(mixed.float(), plain, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(DISPATCH_STRUCTURES))
+def test_selected_softmax_with_gradients_equals_gathered_path(
+    monkeypatch, dispatch, kernel_path, separation, mask_kind, causal, name
+):
+    """With gradients, a number β and Softmax_n, the dense paths weigh the kernels' support and
+    differentiate by hand (``_SelectedSoftmax``): values and gradients of q, k, v equal the
+    gathered path's in float64 (rows that see no key: zeros), and its backward passes
+    gradcheck."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    import hopfield.functional.efficient as efficient
+
+    calls: list[int] = []
+    selected = efficient._SelectedSoftmax.apply
+    monkeypatch.setattr(
+        efficient._SelectedSoftmax, "apply", lambda *a: calls.append(1) or selected(*a)
+    )
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    mask = _dispatch_mask(mask_kind)
+    results = []
+    for until in (None, 12):
+        out = associate(
+            q, k, v, separation=separation, structure=DISPATCH_STRUCTURES[name](until),
+            scale=0.7, mask=mask, causal=causal,
+        )  # fmt: skip
+        probe = torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)
+        results.append((out, *torch.autograd.grad((out * probe).sum(), (q, k, v))))
+    random_with_mask = name.startswith("random") and mask is not None  # the masked kernel
+    assert calls == ([] if random_with_mask else [1])
+    for gathered, dense in zip(*results, strict=True):
+        assert torch.isfinite(dense).all()
+        torch.testing.assert_close(dense, gathered, rtol=1e-9, atol=1e-11)
+    if random_with_mask or mask_kind == "additive" or causal:
+        return
+    small = tuple(t[:1, :1, :5].detach().clone().requires_grad_() for t in (q, k, v))
+    structure = DISPATCH_STRUCTURES[name](12)
+
+    def fn(*inputs: Tensor) -> Tensor:
+        return associate(*inputs, separation=separation, structure=structure, scale=0.7)
+
+    assert torch.autograd.gradcheck(fn, small)

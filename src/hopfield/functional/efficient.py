@@ -674,9 +674,19 @@ def _selected_block(
     rows: int,
 ) -> Tensor:
     """The queries ``start:start + rows`` of :func:`_associate_selected`."""
+    stop = min(q.shape[-2], start + rows)
+    scores, factor = _block_scores(q, k, scale, mask, start, stop)
+    return _weigh_kept(select(scores, start, stop), v, separation, factor)
+
+
+def _block_scores(
+    q: Tensor, k: Tensor, scale: Scale, mask: Tensor | None, start: int, stop: int
+) -> tuple[Tensor, float]:
+    """The contiguous scores ``(B, H, stop - start, S)`` of queries ``start:stop`` and the scale
+    still to apply: a number scale is left to the kernel (one pass less), a tensor scale and
+    the mask are applied here."""
     batch, heads, length, _ = q.shape
     size = k.shape[-2]
-    stop = min(length, start + rows)
     scores = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2))
     factor = 1.0
     if isinstance(scale, Tensor) or mask is not None:
@@ -684,8 +694,67 @@ def _selected_block(
         scores = apply_mask(scores * _rows(scale, start, stop, length), block_mask)
     else:
         factor = scale
-    scores = scores.expand(batch, heads, stop - start, size).contiguous()
-    return _weigh_kept(select(scores, start, stop), v, separation, factor)
+    return scores.expand(batch, heads, stop - start, size).contiguous(), factor
+
+
+class _SelectedSoftmax(torch.autograd.Function):
+    """Softmax_n attention over a support chosen on the full scores, with its own backward: the
+    forward runs the selection kernel for the weights ``W (B, H, L, S)`` (0 off the support) and
+    keeps them; the backward is ``dV = Wᵀ G``, ``dS = W ⊙ (G Vᵀ - rowsum(W ⊙ G Vᵀ)) · scale``,
+    ``dQ = dS K``, ``dK = dSᵀ Q`` (the support is piecewise constant in the inputs)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: float,
+        n: float,
+        mask: Tensor | None,
+        select: Callable[[Tensor, int, int], Callable[..., Tensor]],
+    ) -> Tensor:
+        scores, factor = _block_scores(q, k, scale, mask, 0, q.shape[-2])
+        weights = select(scores, 0, q.shape[-2])(output="softmax", scale=factor, n=n)
+        ctx.save_for_backward(q, k, v, weights)
+        ctx.scale = scale
+        return torch.matmul(weights, v)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, weights = ctx.saved_tensors
+        grad_weights = torch.matmul(grad, v.transpose(-1, -2))
+        dv = torch.matmul(weights.transpose(-1, -2), grad).sum_to_size(v.shape)
+        inner = (grad_weights * weights).sum(-1, keepdim=True)
+        grad_scores = grad_weights.sub_(inner).mul_(weights).mul_(ctx.scale)
+        dq = torch.matmul(grad_scores, k).sum_to_size(q.shape)
+        dk = torch.matmul(grad_scores.transpose(-1, -2), q).sum_to_size(k.shape)
+        return dq, dk, dv, None, None, None, None
+
+
+def _softmax_selected_applies(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    dropout: float,
+    return_weights: bool,
+) -> bool:
+    """Whether a dense path with gradients can take :class:`_SelectedSoftmax`: the native
+    kernels, a Softmax_n separation, a number scale, a mask without gradients, no dropout, no
+    weights, and no autocast region (whose products would not be float32)."""
+    return (
+        native.available(q, k, v)
+        and isinstance(separation, SoftmaxN)
+        and not isinstance(scale, Tensor)
+        and (mask is None or not mask.requires_grad)
+        and dropout == 0.0
+        and not return_weights
+        and not torch.is_autocast_enabled(q.device.type)
+    )
 
 
 def _weigh_kept(
@@ -1022,6 +1091,13 @@ class TopK(_GatheredStructure):
         if self._selects_densely(q, k, v, scale, dropout, return_weights):
             return self._dense_selected(q, k, v, separation, scale, mask, causal), None
         if self._dense_fits(q, k, v, scale):
+            if _softmax_selected_applies(q, k, v, separation, scale, mask, dropout, return_weights):
+                assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
+                if causal:
+                    mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+                select = self._selector(mask)
+                out = _SelectedSoftmax.apply(q, k, v, scale, separation.n, mask, select)
+                return out, None
             return dense_with_support(
                 q,
                 k,
@@ -1073,15 +1149,20 @@ class TopK(_GatheredStructure):
         allowed scores kept by :func:`native.topk_keep` (the same keys as the gathered path),
         which for Softmax_n also gives the weights, in place; any other separation runs over the
         kept scores (``-inf`` elsewhere)."""
-        size = k.shape[-2]
         if causal:
-            mask = with_causal(mask, q.shape[-2], size, q.device)
+            mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        return _associate_selected(q, k, v, separation, scale, mask, self._selector(mask))
+
+    def _selector(self, mask: Tensor | None) -> Callable[[Tensor, int, int], Callable[..., Tensor]]:
+        """The selection of :func:`_associate_selected` and :class:`_SelectedSoftmax`:
+        :func:`native.topk_keep` on a block of scores in place (``mask``, with the causal rule,
+        is what the scores were masked with)."""
 
         def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
             count = self._kept_counts(scores, limited=mask is not None)
             return functools.partial(native.topk_keep, scores, count, out=scores)
 
-        return _associate_selected(q, k, v, separation, scale, mask, select)
+        return select
 
     def _kept_counts(self, scores: Tensor, limited: bool) -> int | Tensor:
         """How many of each row's scores ``(..., S)`` are kept: ``min(k, S)``, or per row for
@@ -1710,12 +1791,19 @@ class RandomMask(_GatheredStructure):
         subset of the keys it may see (the causal prefix) is drawn and kept by
         :func:`native.sample_keep` (Floyd's algorithm on a per-row stream seeded from this
         call's generator), which for Softmax_n also gives the weights."""
-        length = q.shape[-2]
+        select = self._selector(q.shape[-2], causal)
+        return _associate_selected(q, k, v, separation, scale, None, select)
+
+    def _selector(
+        self, length: int, causal: bool
+    ) -> Callable[[Tensor, int, int], Callable[..., Tensor]]:
+        """The selection of :func:`_associate_selected` and :class:`_SelectedSoftmax`:
+        :meth:`_sampler` on a block of scores of a call with ``length`` queries."""
 
         def select(scores: Tensor, start: int, stop: int) -> Callable[..., Tensor]:
             return self._sampler(scores, start, length, causal)
 
-        return _associate_selected(q, k, v, separation, scale, None, select)
+        return select
 
     def _sampler(
         self, scores: Tensor, start: int, length: int, causal: bool
@@ -1757,8 +1845,15 @@ class RandomMask(_GatheredStructure):
         size = k.shape[-2]
         bias = additive_bias(mask, q.dtype)
         block = self._block_length(batch * heads, size, length)
+        native_subsets = mask is None and self.force is None and native.available(q, k, v)
+        if native_subsets and _softmax_selected_applies(
+            q, k, v, separation, scale, mask, dropout, return_weights
+        ):
+            assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
+            select = self._selector(length, causal)
+            return _SelectedSoftmax.apply(q, k, v, scale, separation.n, None, select), None
         with torch.no_grad():
-            if mask is None and self.force is None and native.available(q, k, v):
+            if native_subsets:
                 # the subsets drawn in the kernel, on zeros: 0 on each subset, -inf elsewhere
                 zeros = q.new_zeros(batch, heads, length, size)
                 kernel_bias = self._sampler(zeros, 0, length, causal)(output="bias")
