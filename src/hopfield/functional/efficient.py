@@ -19,6 +19,7 @@ additive float; broadcastable to ``(B, H, L, S)``), ``causal`` (query ``i`` sees
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -655,8 +656,11 @@ def _associate_selected(
     rows = max(1, _SELECT_BLOCK // max(1, batch * heads * size))
     outs = []
     # The kernels take q's dtype (float32 or float64): an autocast region would make the
-    # products bfloat16, so it is left for this computation (as for the other float32 paths).
-    with torch.autocast(q.device.type, enabled=False):
+    # products bfloat16, so it is left for this computation (as for the other float32 paths;
+    # entered only when needed, since entering costs some 4 µs of a 0.3 ms call).
+    autocast = torch.is_autocast_enabled(q.device.type)
+    off = torch.autocast(q.device.type, enabled=False) if autocast else contextlib.nullcontext()
+    with off:
         for start in range(0, length, rows):
             outs.append(_selected_block(q, k, v, separation, scale, mask, select, start, rows))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
