@@ -702,3 +702,5 @@ def test_sample_indices_are_sample_keeps_subsets_in_any_cut_of_the_queries() -> 
         native.sample_indices(count, population, 1, 42)
     with pytest.raises(ValueError, match="length"):
         native.sample_indices(count, population, 8, 42, start=3, length=9)
+    with pytest.raises(TypeError, match=r"count must be a torch\.Tensor"):
+        native.sample_indices(3, population, 8, 42)  # type: ignore[arg-type]

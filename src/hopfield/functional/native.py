@@ -104,7 +104,7 @@ _SIGNATURES: dict[str, Sequence[type]] = {
             "hop_topk_finish": [_INT64, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_topk": [_PTR, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_topk_keep": [
-                *(_PTR, _INT64, _INT64, _PTR, _INT64, real, ctypes.c_int, real, _PTR, ctypes.c_int)
+                *(_PTR, _INT64, _INT64, _PTR, real, ctypes.c_int, real, _PTR, ctypes.c_int)
             ],
             "hop_sample_keep": [
                 *(_PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, _INT64, _INT64, _INT64),
@@ -680,12 +680,8 @@ def topk_keep(
     (``x.shape[:-1]``); a count of at least ``W`` keeps the whole row, one of at most 0 keeps
     nothing. ``out`` (contiguous, ``x``'s shape and dtype) receives the result and may be ``x``
     itself (in place); by default a new tensor. No autograd."""
-    if isinstance(k, Tensor):
-        counts = _row_counts("k", k, x.shape[:-1])
-        return _keep_call("hop_topk_keep", x, output, out, (counts.data_ptr(), 0), scale, n)
-    if not isinstance(k, int) or isinstance(k, bool):
-        raise TypeError(f"k must be an int or an integer tensor, got {type(k).__name__}")
-    return _keep_call("hop_topk_keep", x, output, out, (None, k), scale, n)
+    counts = _row_counts("k", k, x.shape[:-1])
+    return _keep_call("hop_topk_keep", x, output, out, (counts.data_ptr(),), scale, n)
 
 
 def _stream_rows(
@@ -746,9 +742,10 @@ def sample_indices(
     the order they are drawn; slots past a row's ``min(count, population)`` hold 0): ``count``
     ``(..., Lc)`` and ``population`` (one int or a tensor of ``count``'s shape) as there,
     ``slots >= max(count)``."""
-    counts = _row_counts("count", count, count.shape)
-    populations = _row_counts("population", population, count.shape)
-    rows = _stream_rows(count.shape, seed, start, length)
+    shape = _integers("count", count).shape
+    counts = _row_counts("count", count, shape)
+    populations = _row_counts("population", population, shape)
+    rows = _stream_rows(shape, seed, start, length)
     if counts.numel() and _count("slots", slots, 0) < int(counts.clamp(max=populations).max()):
         raise ValueError(f"slots={slots} is below the largest count")
     out = torch.empty(counts.numel(), slots, dtype=torch.int64)
@@ -766,7 +763,7 @@ def sample_indices(
         out.data_ptr(),
         _threads(counts.numel() * max(slots, 1) * 8),
     )
-    return out.view(*count.shape, slots)
+    return out.view(*shape, slots)
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

@@ -519,8 +519,8 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
         return prefix;                                                                            \
     }                                                                                             \
                                                                                                   \
-    /* Rows of x (R, W, contiguous) with their k largest entries kept (count[r] of row r when     \
-     * count is given; first columns among ties, NaN largest, as hop_topk). out (R, W) gets, by   \
+    /* Rows of x (R, W, contiguous) with their count[r] largest entries kept (first columns among \
+     * ties, NaN largest, as hop_topk). out (R, W) gets, by                                       \
      * `mode`: KEEP_VALUES scale * x where kept and -inf elsewhere; KEEP_BIAS 0 where kept and  \
      * finite or +inf, -inf elsewhere (the additive mask of the selection); KEEP_SOFTMAX the      \
      * Softmax_n weights of scale * x over the kept entries, exp(z_i - m) / (n exp(-m) +          \
@@ -529,7 +529,7 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
     typedef struct {                                                                              \
         const T *x;                                                                               \
         const int64_t *count;                                                                     \
-        int64_t width, k;                                                                         \
+        int64_t width;                                                                            \
         T scale, n;                                                                               \
         int mode;                                                                                 \
         T *out;                                                                                   \
@@ -608,7 +608,7 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
         KEY *keys = (KEY *)malloc(sizeof(KEY) * (a->width > 0 ? a->width : 1));                   \
         if (!keys) return HOP_NO_MEMORY;                                                          \
         for (int64_t r = lo; r < hi; r++)                                                         \
-            keep_row_##SUFFIX(a, a->x + r * a->width, a->count ? a->count[r] : a->k,              \
+            keep_row_##SUFFIX(a, a->x + r * a->width, a->count[r],                                \
                               a->out + r * a->width, keys);                                       \
         free(keys);                                                                               \
         return 0;                                                                                 \
@@ -663,14 +663,14 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
                                   const int64_t *population, uint64_t seed, int64_t queries,      \
                                   int64_t length, int64_t start, T scale, int mode, T n, T *out,  \
                                   int threads) {                                                  \
-        sample_args_##SUFFIX a = {{x, count, width, 0, scale, n, mode, out}, population, seed,    \
+        sample_args_##SUFFIX a = {{x, count, width, scale, n, mode, out}, population, seed,       \
                                   {queries, length, start}};                                      \
         return parallel_for(sample_range_##SUFFIX, &a, rows, threads, PIECES);                    \
     }                                                                                             \
                                                                                                   \
     int hop_topk_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,     \
-                                int64_t k, T scale, int mode, T n, T *out, int threads) {         \
-        keep_args_##SUFFIX a = {x, count, width, k, scale, n, mode, out};                         \
+                                T scale, int mode, T n, T *out, int threads) {                    \
+        keep_args_##SUFFIX a = {x, count, width, scale, n, mode, out};                            \
         return parallel_for(keep_range_##SUFFIX, &a, rows, threads, PIECES);                      \
     }                                                                                             \
                                                                                                   \
