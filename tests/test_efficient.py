@@ -19,14 +19,16 @@ pytestmark = pytest.mark.usefixtures("kernel_path", "dispatch")
 @pytest.fixture(params=["default", "gathered"])
 def dispatch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test with the default size dispatch (small problems with gradients take the dense
-    masked path, :func:`~hopfield.functional.efficient.dense_with_support`) and with the
-    gathered path at every size."""
+    masked path, :func:`~hopfield.functional.efficient.dense_with_support`; Softmax_n without
+    gradients the fused kernels) and with the gathered path at every size."""
     if request.param == "gathered":
         from hopfield.functional.efficient import _GatheredStructure
 
         monkeypatch.setattr(_GatheredStructure, "_dense_fits", lambda *args: False)
         monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
         monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
+        monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
+        monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
     return str(request.param)
 
 
@@ -977,6 +979,56 @@ def _selection_blocks(monkeypatch, blocks: str) -> None:
         monkeypatch.setattr(efficient, "_SELECT_BLOCK", 2 * 2 * 2 * 12)
 
 
+_FUSED_STRUCTURES = {
+    "topk": lambda: TopK(3),
+    "topk-fraction": lambda: TopK(fraction=0.5),
+    "topk-chunks": lambda: TopK(3, chunk_size=4),
+    "topk-above-S": lambda: TopK(40, chunk_size=4),
+    "random": lambda: RandomMask(3, seed=5).eval(),
+    "random-fraction": lambda: RandomMask(fraction=0.8, seed=5).eval(),
+}
+
+
+@pytest.mark.parametrize("name", list(_FUSED_STRUCTURES))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(9, 12), (12, 9), (1, 30)])
+@pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_kernels_equal_the_gathered_path(
+    monkeypatch, dispatch, kernel_path, name, causal, shape, separation, dtype
+) -> None:
+    """Without gradients, Softmax_n Top-K and random masks run in one fused kernel
+    (:func:`native.topk_attend`, :func:`native.sample_attend`) and give the gathered path's
+    association: fixed ``k`` and ``fraction``, several key chunks, ``k > S``, causal rows (with
+    ``L > S`` some see no key), one query."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels; the test picks its paths itself")
+    import hopfield.functional.efficient as efficient
+
+    length, size = shape
+    q, k, v = (t.detach().to(dtype) for t in patterns(b=2, h=2, length=length, size=size))
+    kernel = "topk_attend" if name.startswith("topk") else "sample_attend"
+    calls: list[int] = []
+    original = getattr(efficient.native, kernel)
+    monkeypatch.setattr(
+        efficient.native, kernel, lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
+    monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
+    kwargs = {"separation": separation, "scale": 0.7, "causal": causal}
+    structure = _FUSED_STRUCTURES[name]()
+    with torch.no_grad():
+        fused = associate(q, k, v, structure=structure, **kwargs)
+        if kernel == "topk_attend" and not efficient.native.attention_available(q):
+            pytest.skip("no BLAS product found")
+        assert calls == [1]
+        monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
+        monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
+        gathered = associate(q, k, v, structure=structure, **kwargs)
+    tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (1e-10, 1e-12)
+    torch.testing.assert_close(fused, gathered, rtol=tolerance[0], atol=tolerance[1])
+
+
 @pytest.mark.parametrize("blocks", ["one", "rows"])
 @pytest.mark.parametrize("mask_kind", ["none", "additive"])
 def test_topk_dense_selection_in_query_blocks_equals_gathered_path(
@@ -1003,26 +1055,41 @@ def _sampled_weights(structure, q, k, separation, causal, dtype=D) -> Tensor:
         return associate(q, k, eye, separation=separation, structure=structure, causal=causal)
 
 
+def _random_mask_path(monkeypatch, path: str) -> list[int]:
+    """Route no-gradient random masks through the dense sampling kernel
+    (:func:`native.sample_keep`, ``"dense"``) or the fused one (:func:`native.sample_attend`,
+    ``"fused"``); returns the list that records the chosen kernel's calls."""
+    import hopfield.functional.efficient as efficient
+
+    if path == "dense":
+        monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
+    name = "sample_keep" if path == "dense" else "sample_attend"
+    calls: list[int] = []
+    original = getattr(efficient.native, name)
+    monkeypatch.setattr(
+        efficient.native, name, lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0), Sparsemax()])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("blocks", ["one", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("path", ["dense", "fused"])
 def test_random_mask_dense_sampling_keeps_k_allowed_keys_and_weighs_them(
-    monkeypatch, dispatch, kernel_path, separation, causal, blocks, dtype
+    monkeypatch, dispatch, kernel_path, separation, causal, blocks, dtype, path
 ) -> None:
-    """Without gradients, small random masks draw each query's subset in the kernel
-    (:func:`native.sample_keep`): exactly ``min(k, visible)`` keys among those the causal rule
-    lets it see, weighed by the separation over their scores (float64 reference)."""
+    """Without gradients, random masks draw each query's subset in a kernel (on the full
+    scores, :func:`native.sample_keep`, or fused, :func:`native.sample_attend`, for Softmax_n):
+    exactly ``min(k, visible)`` keys among those the causal rule lets it see, weighed by the
+    separation over their scores (float64 reference)."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
-    import hopfield.functional.efficient as efficient
-
+    if path == "fused" and (isinstance(separation, Sparsemax) or blocks == "rows"):
+        pytest.skip("the fused kernel is Softmax_n's and has no query blocks")
     _selection_blocks(monkeypatch, blocks)
-    calls: list[int] = []
-    original = efficient.native.sample_keep
-    monkeypatch.setattr(
-        efficient.native, "sample_keep", lambda *a, **kw: calls.append(1) or original(*a, **kw)
-    )
+    calls = _random_mask_path(monkeypatch, path)
     q, k, _ = (t.to(dtype) for t in patterns(b=2, h=2, length=9, size=12, e=4, ev=4))
     weights = _sampled_weights(RandomMask(5, seed=0), q, k, separation, causal, dtype).double()
     assert calls
@@ -1038,14 +1105,17 @@ def test_random_mask_dense_sampling_keeps_k_allowed_keys_and_weighs_them(
         torch.testing.assert_close(weights, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["dense", "fused"])
 def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
-    dispatch, kernel_path
+    monkeypatch, dispatch, kernel_path, path
 ) -> None:
     """Every visible key is kept with probability k / visible (a 6-sigma band over 2,000 calls'
     worth of rows); a seeded structure repeats its subsets after re-seeding, whatever the
-    threads; evaluation ("fixed") repeats them call after call; training draws fresh ones."""
+    threads; evaluation ("fixed") repeats them call after call; training draws fresh ones (the
+    dense and the fused sampling kernels)."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
+    calls = _random_mask_path(monkeypatch, path)
     q, k, _ = patterns(b=50, h=4, length=9, size=12, e=4, ev=4)
     weights = _sampled_weights(RandomMask(3, seed=1), q, k, Softmax(), True)
     visible = causal_allowed(9, 12).sum(-1).double()  # 4 ... 12 keys
@@ -1073,6 +1143,7 @@ def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
         _sampled_weights(fixed, q, k, Softmax(), False),
         _sampled_weights(fixed, q, k, Softmax(), False),
     )
+    assert calls
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -1080,15 +1151,18 @@ def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
 def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
     monkeypatch, dispatch, kernel_path, causal, count
 ) -> None:
-    """On the native kernels a call's subsets come from its streams: the dense sampling, the
-    gathered path in one block and in blocks of two queries give the same association."""
+    """On the native kernels a call's subsets come from its streams: the fused kernel, the
+    dense sampling, the gathered path in one block and in blocks of two queries give the same
+    association."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
     q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
     outs = []
     with torch.no_grad():
-        for path in ("dense", "gathered", "blocks"):
-            if path != "dense":
+        for path in ("fused", "dense", "gathered", "blocks"):
+            if path != "fused":
+                monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
+            if path not in ("fused", "dense"):
                 monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
             budget = 2 * 2 * 2 * 12 if path == "blocks" else 1 << 23
             structure = RandomMask(**count, seed=4, max_block_elements=budget)

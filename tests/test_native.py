@@ -704,3 +704,136 @@ def test_sample_indices_are_sample_keeps_subsets_in_any_cut_of_the_queries() -> 
         native.sample_indices(count, population, 8, 42, start=3, length=9)
     with pytest.raises(TypeError, match=r"count must be a torch\.Tensor"):
         native.sample_indices(3, population, 8, 42)  # type: ignore[arg-type]
+
+
+def _attention_reference(q, k, v, kept: torch.Tensor, scale: float, n: float) -> torch.Tensor:
+    """Softmax_n attention in float64 over the boolean support ``kept (..., L, S)``."""
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    z = scores.masked_fill(~kept, -math.inf)
+    peak = z.amax(-1, keepdim=True).clamp_min(0 if n > 0 else -math.inf).nan_to_num(0, 0, 0)
+    e = (z - peak).exp()
+    weights = e / (n * (-peak).exp() + e.sum(-1, keepdim=True)).clamp_min(1e-300)
+    return weights @ v.double()
+
+
+def _causal_counts(length: int, size: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    population = (torch.arange(length) + size - length + 1).clamp(0, size)
+    return population.clamp(max=k), population
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "length,size,k,chunk",
+    [(9, 12, 3, 2048), (9, 12, 3, 4), (12, 9, 4, 2048), (5, 300, 40, 64), (7, 1500, 33, 512),
+     (3, 2100, 64, 2048), (4, 6, 9, 2)],
+)  # fmt: skip
+@pytest.mark.parametrize("n", [0.0, 1.0])
+def test_topk_attend_is_softmax_n_over_each_querys_top_k(dtype, length, size, k, chunk, n) -> None:
+    """:func:`native.topk_attend` equals Softmax_n attention over each query's ``count`` largest
+    visible scores (float64 reference): rows selected in one pass (narrow) and pushed in chunks
+    (wide, or a small ``chunk``), causal counts with rows that see no key (zeros), counts above
+    the visible keys."""
+    if not native.attention_available(torch.zeros(1, dtype=dtype)):
+        pytest.skip("no BLAS product found")
+    gen = torch.Generator().manual_seed(size)
+    q, k_, v = (torch.randn(2, 3, m, 8, generator=gen, dtype=dtype) for m in (length, size, size))
+    count, population = _causal_counts(length, size, k)
+    out = native.topk_attend(q, k_, v, count, population, scale=0.6, n=n, chunk=chunk)
+    scores = (q.double() @ k_.double().transpose(-1, -2)).masked_fill(
+        torch.arange(size) >= population.unsqueeze(-1), -math.inf
+    )
+    top = scores.topk(min(k, size), dim=-1).indices
+    ranks = torch.arange(min(k, size)).expand_as(top)
+    kept = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, top, ranks < count.unsqueeze(-1))
+    ref = _attention_reference(q, k_, v, kept, 0.6, n)
+    tol = {"rtol": 2e-5, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    torch.testing.assert_close(out.double(), ref, **tol)
+
+
+@pytest.mark.parametrize("chunk", [2, 4, 2048])
+def test_topk_attend_keeps_the_first_ties_and_ranks_nan_largest(chunk) -> None:
+    """Of tied scores the first columns are kept (as :func:`topk`), in one pass and in chunks;
+    a NaN score is kept, so its query's output is NaN."""
+    if not native.attention_available(torch.zeros(1)):
+        pytest.skip("no BLAS product found")
+    q = torch.ones(1, 1, 2, 2)
+    k = torch.ones(1, 1, 6, 2)
+    v = torch.arange(12.0).view(1, 1, 6, 2)
+    count, population = torch.full((2,), 3), torch.full((2,), 6)
+    out = native.topk_attend(q, k, v, count, population, scale=1.0, chunk=chunk)
+    torch.testing.assert_close(out[0, 0], v[0, 0, :3].mean(0).expand(2, 2))
+    k[0, 0, 4] = math.nan
+    assert native.topk_attend(q, k, v, count, population, scale=1.0, chunk=chunk).isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [0.0, 1.0])
+def test_sample_attend_weighs_sample_indices_subsets(dtype, n) -> None:
+    """:func:`native.sample_attend` is Softmax_n attention over the subsets of
+    :func:`native.sample_indices` (same seed, the whole call), causal counts included."""
+    gen = torch.Generator().manual_seed(3)
+    length, size = 11, 9
+    q, k, v = (torch.randn(2, 3, m, 5, generator=gen, dtype=dtype) for m in (length, size, size))
+    count, population = _causal_counts(length, size, 4)
+    out = native.sample_attend(q, k, v, count, population, 77, scale=0.8, n=n)
+    idx = native.sample_indices(
+        count.expand(2, 3, length).contiguous(), population.expand(2, 3, length).contiguous(), 4, 77
+    )
+    slots = (torch.arange(4) < count.unsqueeze(-1)).long().expand_as(idx)
+    # padding slots point at key 0 and keep nothing: added, not written over
+    kept = torch.zeros(2, 3, length, size, dtype=torch.long).scatter_add(-1, idx, slots) > 0
+    ref = _attention_reference(q, k, v, kept, 0.8, n)
+    tol = {"rtol": 2e-5, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    torch.testing.assert_close(out.double(), ref, **tol)
+
+
+def test_fused_attention_kernels_reject_bad_arguments() -> None:
+    """Counts outside ``0 <= count <= population <= S``, counts of the wrong shape, mismatched
+    shapes or dtypes and bad seeds are refused with errors that name them."""
+    q, k, v = torch.randn(2, 4, 3), torch.randn(2, 5, 3), torch.randn(2, 5, 2)
+    good = torch.full((4,), 2), torch.full((4,), 5)
+    calls = [lambda c, p: native.sample_attend(q, k, v, c, p, 1, scale=1.0)]
+    if native.attention_available(q):
+        calls.append(lambda c, p: native.topk_attend(q, k, v, c, p, scale=1.0))
+    for call in calls:
+        for count, population in (
+            (torch.full((4,), 6), torch.full((4,), 6)),  # population above S
+            (torch.full((4,), 3), torch.full((4,), 2)),  # count above population
+            (torch.full((4,), -1), good[1]),
+        ):
+            with pytest.raises(ValueError, match="count and population"):
+                call(count, population)
+        with pytest.raises(ValueError, match="count must hold one integer per query"):
+            call(torch.full((3,), 2), good[1])
+        with pytest.raises(TypeError, match="population must hold integers"):
+            call(good[0], good[1].double())
+    with pytest.raises(ValueError, match="leading shape"):
+        native.sample_attend(q, k[:1], v[:1], *good, 1, scale=1.0)
+    with pytest.raises(ValueError, match="same S keys"):
+        native.sample_attend(q, k, v[:, :4], *good, 1, scale=1.0)
+    with pytest.raises(TypeError, match=r"v must be torch\.float32"):
+        native.sample_attend(q, k, v.double(), *good, 1, scale=1.0)
+    with pytest.raises(ValueError, match="seed"):
+        native.sample_attend(q, k, v, *good, -1, scale=1.0)
+
+
+def test_fused_attention_of_empty_calls_and_without_blas(monkeypatch) -> None:
+    """No queries, no keys or no batch give empty or zero outputs; without a BLAS product
+    :func:`native.attention_available` is False and :func:`native.topk_attend` says why."""
+    for lead, length, size in (((2,), 0, 5), ((2,), 3, 0), ((0,), 3, 5)):
+        q, k, v = (
+            torch.randn(*lead, length, 4),
+            torch.randn(*lead, size, 4),
+            torch.randn(*lead, size, 2),
+        )
+        count = torch.zeros(length, dtype=torch.int64)
+        population = torch.full((length,), size)
+        out = native.sample_attend(q, k, v, count, population, 0, scale=1.0)
+        assert out.shape == (*lead, length, 2) and not out.any()
+        if native.attention_available(q):
+            out = native.topk_attend(q, k, v, count, population, scale=1.0)
+            assert out.shape == (*lead, length, 2) and not out.any()
+    monkeypatch.setattr(native, "_gemm", lambda dtype: None)
+    assert not native.attention_available(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="no BLAS product"):
+        native.topk_attend(q, k, v, count, population, scale=1.0)

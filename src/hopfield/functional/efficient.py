@@ -774,6 +774,44 @@ def _weigh_kept(
     return weigh_values(kept, v, separation=separation, dropout=0.0)[0]
 
 
+def _fused_applies(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    mask: Tensor | None,
+    dropout: float,
+    return_weights: bool,
+) -> bool:
+    """Whether an association can take a fused native kernel (:func:`native.topk_attend`,
+    :func:`native.sample_attend`): no gradients, dropout, weights or mask (the causal rule
+    aside), a Softmax_n separation with a number scale, and the native kernels."""
+    return (
+        mask is None
+        and dropout == 0.0
+        and not return_weights
+        and isinstance(separation, SoftmaxN)
+        and not isinstance(scale, Tensor)
+        and not _grads_needed(q, k, v)
+        and native.available(q, k, v)
+    )
+
+
+def _query_counts(
+    k: int | None,
+    fraction: float | None,
+    length: int,
+    size: int,
+    causal: bool,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """``(count, population)``, int64 ``(L,)``: the keys each query may see (the causal rule
+    only) and how many of them it keeps (``k``, or ``fraction`` of them, at most all)."""
+    population = _valid_prefix(0, length, length, size, causal, device)
+    return torch.minimum(support_size(population, k, fraction), population), population
+
+
 # ------------------------------------------------------------------------------------------------
 # Gathered association with recomputation (Top-K and random masks with gradients)
 # ------------------------------------------------------------------------------------------------
@@ -1094,6 +1132,8 @@ class TopK(_GatheredStructure):
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
         if self._selects_densely(q, k, v, scale, dropout, return_weights):
             return self._dense_selected(q, k, v, separation, scale, mask, causal), None
+        if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
+            return self._fused(q, k, v, separation, scale, causal), None
         if self._dense_fits(q, k, v, scale):
             if _softmax_selected_applies(q, k, v, separation, scale, mask, dropout, return_weights):
                 assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
@@ -1130,6 +1170,39 @@ class TopK(_GatheredStructure):
             return_weights=return_weights,
             slots=upper,
             extra_per_query=upper + chunk,
+        )
+
+    def _attends_fused(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        dropout: float,
+        return_weights: bool,
+    ) -> bool:
+        """Whether the association takes :meth:`_fused`: :func:`_fused_applies` and a BLAS
+        product for the kernel (:func:`native.attention_available`)."""
+        return _fused_applies(
+            q, k, v, separation, scale, mask, dropout, return_weights
+        ) and native.attention_available(q, k, v)
+
+    def _fused(
+        self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
+    ) -> Tensor:
+        """The association in one native kernel (:func:`native.topk_attend`): per block of
+        queries the score product, each query's ``K`` largest allowed scores (the keys of
+        every other path) and their Softmax_n weighted sum."""
+        assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
+        size = k.shape[-2]
+        count, population = _query_counts(
+            self.k, self.fraction, q.shape[-2], size, causal, q.device
+        )
+        chunk = self.key_chunk(size, upper_count(self.k, self.fraction, size), True)
+        return native.topk_attend(
+            q, k, v, count, population, scale=scale, n=separation.n, chunk=chunk
         )
 
     def _selects_densely(
@@ -1730,6 +1803,8 @@ class RandomMask(_GatheredStructure):
         upper = upper_count(self.k, self.fraction, size)
         self._call_generator = self._generator_for(q.device)
         try:
+            if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
+                return self._fused(q, k, v, separation, scale, causal), None
             if self._samples_densely(q, k, v, scale, mask, dropout, return_weights):
                 return self._dense_sampled(q, k, v, separation, scale, causal), None
             if self._dense_fits(q, k, v, scale):
@@ -1761,6 +1836,37 @@ class RandomMask(_GatheredStructure):
         finally:
             self._call_generator = None
             self._call_seed = None
+
+    def _attends_fused(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        dropout: float,
+        return_weights: bool,
+    ) -> bool:
+        """Whether the association takes :meth:`_fused`: no forced keys and
+        :func:`_fused_applies`."""
+        return self.force is None and _fused_applies(
+            q, k, v, separation, scale, mask, dropout, return_weights
+        )
+
+    def _fused(
+        self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
+    ) -> Tensor:
+        """The association in one native kernel (:func:`native.sample_attend`): each query's
+        subset drawn on this call's streams (the subsets of every other native path), its
+        scores, Softmax_n weights and weighted sum."""
+        assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
+        size = k.shape[-2]
+        count, population = _query_counts(
+            self.k, self.fraction, q.shape[-2], size, causal, q.device
+        )
+        seed = self._stream_seed()
+        return native.sample_attend(q, k, v, count, population, seed, scale=scale, n=separation.n)
 
     def _samples_densely(
         self,

@@ -51,6 +51,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -62,14 +63,17 @@ from torch import Tensor
 
 __all__ = [
     "RunningTopK",
+    "attention_available",
     "available",
     "enabled",
     "floyd_sample",
     "gather_dot",
     "rms_backward",
     "rms_forward",
+    "sample_attend",
     "scatter_outer",
     "topk",
+    "topk_attend",
     "usable_on",
 ]
 
@@ -110,6 +114,14 @@ _SIGNATURES: dict[str, Sequence[type]] = {
                 *(_PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, _INT64, _INT64, _INT64),
                 *(real, ctypes.c_int, real, _PTR, ctypes.c_int),
             ],
+            "hop_topk_attend": [
+                *(_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
+                *(real, real, _INT64, _INT64, _PTR, ctypes.c_int),
+            ],
+            "hop_sample_attend": [
+                *(_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
+                *(ctypes.c_uint64, real, real, _PTR, ctypes.c_int),
+            ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
             "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
@@ -121,6 +133,7 @@ _SIGNATURES: dict[str, Sequence[type]] = {
 }
 _EXPORTS = sorted(_SIGNATURES)
 _NO_MEMORY = 1  # HOP_NO_MEMORY of native_kernels.c
+_BAD_COUNTS = 2  # HOP_BAD_COUNTS
 _MANIFEST = "manifest.json"
 _TEMP_PREFIX = ".build-"
 _STALE_SECONDS = 3600.0  # a build takes seconds (its timeout is 300 s)
@@ -390,9 +403,15 @@ def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]
 
 def _run(name: str, dtype: torch.dtype | None, *arguments: object) -> None:
     """Call the kernel ``name`` (see :func:`_function`); a MemoryError if its scratch memory
-    could not be allocated."""
-    if _function(name, dtype)(*arguments) == _NO_MEMORY:
+    could not be allocated, a ValueError if the attention kernels found bad counts."""
+    status = _function(name, dtype)(*arguments)
+    if status == _NO_MEMORY:
         raise MemoryError(f"the native kernel {name} could not allocate its scratch memory")
+    if status == _BAD_COUNTS:
+        raise ValueError(
+            "count and population must hold, for every query, 0 <= count <= population <= S "
+            "(the number of keys)"
+        )
 
 
 # Element operations a thread should get before a kernel splits its rows: smaller calls run on
@@ -764,6 +783,155 @@ def sample_indices(
         _threads(counts.numel() * max(slots, 1) * 8),
     )
     return out.view(*shape, slots)
+
+
+_GEMM_NAMES = {torch.float32: "sgemm_", torch.float64: "dgemm_"}
+
+
+def _torch_libraries() -> list[Path]:
+    """PyTorch's own shared libraries that may export a BLAS (``libtorch_cpu``)."""
+    return sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*"))
+
+
+@functools.cache
+def _gemm(dtype: torch.dtype) -> int | None:
+    """The address of a BLAS matrix product (``sgemm_``/``dgemm_``, the Fortran interface) for
+    ``dtype`` in this process or PyTorch's library (MKL in PyTorch's x86 wheels), if one is
+    found and computes a known product right, else ``None``. The kernels pass its sizes as
+    64-bit integers, whose low word is the 32-bit value on little-endian machines, so either
+    integer width of the BLAS reads them right."""
+    if sys.byteorder != "little" or not enabled():
+        return None
+    for source in (None, *map(str, _torch_libraries())):
+        try:
+            address = ctypes.cast(getattr(ctypes.CDLL(source), _GEMM_NAMES[dtype]), _PTR).value
+        except (OSError, AttributeError):
+            continue
+        if address and _gemm_works(address, dtype):
+            return address
+    return None
+
+
+def _gemm_works(address: int, dtype: torch.dtype) -> bool:
+    """Whether the product at ``address`` gives ``2 a bᵀ`` for small ``a (2, 3)`` and ``b (4, 3)``
+    called as the attention kernels call it."""
+    real = _REAL[_DTYPES[dtype]]
+    gemm = ctypes.CFUNCTYPE(None, *[_PTR] * 13)(address)
+    a = torch.arange(1, 7, dtype=dtype).view(2, 3)
+    b = torch.arange(-6, 6, dtype=dtype).view(4, 3)
+    out = torch.full((2, 4), math.nan, dtype=dtype)
+    keys, queries, inner = (ctypes.c_int64(size) for size in (4, 2, 3))
+    alpha, beta = real(2.0), real(0.0)
+    gemm(
+        ctypes.c_char_p(b"T"), ctypes.c_char_p(b"N"), ctypes.byref(keys), ctypes.byref(queries),
+        ctypes.byref(inner), ctypes.byref(alpha), b.data_ptr(), ctypes.byref(inner),
+        a.data_ptr(), ctypes.byref(inner), ctypes.byref(beta), out.data_ptr(), ctypes.byref(keys),
+    )  # fmt: skip
+    return torch.equal(out, 2 * a @ b.T)
+
+
+def attention_available(*tensors: Tensor) -> bool:
+    """Whether :func:`topk_attend` can run on ``tensors``: :func:`available`, and a BLAS
+    product for their dtype (see :func:`_gemm`)."""
+    return available(*tensors) and _gemm(tensors[0].dtype) is not None
+
+
+def _attend_inputs(
+    q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Checked inputs of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
+    ``v (..., S, Ev)`` with the same leading shape, as contiguous ``(BH, ·, ·)``; ``count`` and
+    ``population`` as contiguous int64 ``(L,)``; and the output ``(..., L, Ev)``."""
+    _float_dtype(q=q, k=k, v=v)
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        _cpu_tensor(name, value, least_dims=2)
+    lead, length, dim = q.shape[:-2], q.shape[-2], q.shape[-1]
+    if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != dim:
+        raise ValueError(
+            f"q (..., L, E), k (..., S, E) and v (..., S, Ev) must share their leading shape and "
+            f"E, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"k and v must hold the same S keys, got {k.shape[-2]} and {v.shape[-2]}")
+    counts, populations = _integers("count", count), _integers("population", population)
+    for name, value in (("count", counts), ("population", populations)):
+        if value.shape != (length,):
+            shape = tuple(value.shape)
+            raise ValueError(f"{name} must hold one integer per query, ({length},), got {shape}")
+    heads = math.prod(lead)
+    q3, k3, v3 = (t.reshape(heads, t.shape[-2], t.shape[-1]).contiguous() for t in (q, k, v))
+    out = q.new_empty(*lead, length, v.shape[-1])
+    return q3, k3, v3, counts, populations, out
+
+
+# Scores per query block of topk_attend (256 KiB in float32, so that the block stays in cache).
+_ATTEND_SCORES = 1 << 16
+
+
+def topk_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    count: Tensor,
+    population: Tensor,
+    *,
+    scale: float,
+    n: float = 0.0,
+    chunk: int = 2048,
+) -> Tensor:
+    """Top-K Softmax_n attention without autograd, in one parallel region: query ``i`` of
+    ``q (..., L, E)`` keeps the ``count[i]`` largest of its scores ``scale · ⟨q, k_j⟩`` over its
+    first ``population[i]`` keys of ``k (..., S, E)`` (the keys of :func:`topk`: first columns
+    among ties, NaN largest) and returns ``Σ softmax_n(kept)_j v_j``, ``(..., L, Ev)``. The
+    scores of a block of queries and ``chunk`` keys come from the BLAS product (see
+    :func:`attention_available`) on the thread that ranks them. ``count`` and ``population``
+    are integer ``(L,)`` with ``0 <= count <= population <= S`` (else a ValueError); a query
+    keeping nothing gives zeros."""
+    q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    gemm = _gemm(q.dtype)
+    if gemm is None:
+        raise RuntimeError("no BLAS product found for the fused Top-K kernel")
+    heads, length, dim = q3.shape
+    size = k3.shape[-2]
+    chunk = max(1, min(_count("chunk", chunk, 1), size))
+    threads = _threads(heads * length * size * dim)
+    # query blocks: within the score budget, and at least 4 pieces per thread where possible
+    rows = min(length, _ATTEND_SCORES // chunk, -(-heads * length // (4 * threads)))
+    _run(
+        "hop_topk_attend", q.dtype, gemm, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
+        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
+        float(scale), float(n), max(1, rows), chunk, out.data_ptr(), threads,
+    )  # fmt: skip
+    return out
+
+
+def sample_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    count: Tensor,
+    population: Tensor,
+    seed: int,
+    *,
+    scale: float,
+    n: float = 0.0,
+) -> Tensor:
+    """Random-mask Softmax_n attention without autograd, in one parallel region: query ``i``
+    of ``q (..., L, E)`` keeps a uniform subset of ``count[i]`` of its first ``population[i]``
+    keys, drawn on its stream of ``seed`` (the subsets of :func:`sample_indices` and
+    :func:`sample_keep` for the whole ``(..., L)`` call), and returns
+    ``Σ softmax_n(scale · ⟨q, k_j⟩)_j v_j`` over them, ``(..., L, Ev)``. ``count`` and
+    ``population`` as in :func:`topk_attend`."""
+    q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    _stream_rows(q.shape[:-1], seed, 0, None)
+    heads, length, dim = q3.shape
+    work = heads * length * (int(counts.max()) if length else 0) * (dim + v3.shape[-1])
+    _run(
+        "hop_sample_attend", q.dtype, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), heads, length,
+        k3.shape[-2], dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
+        float(scale), float(n), out.data_ptr(), _threads(work),
+    )  # fmt: skip
+    return out
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

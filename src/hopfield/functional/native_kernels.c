@@ -11,13 +11,17 @@
  *                    over the kept entries.
  * hop_sample_keep:   the same outputs for a uniform random subset of each row's columns;
  * hop_sample_indices: those subsets as column indices.
+ * hop_topk_attend:   Top-K Softmax_n attention without gradients, product (the caller's BLAS
+ *                    gemm), selection, weights and weighted sum in one parallel region;
+ * hop_sample_attend: the same for random masks (the subsets of hop_sample_indices);
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
  * hop_floyd:         uniform subsets without replacement per row (Floyd's algorithm).
  *
  * Every exported function returns 0, or HOP_NO_MEMORY when a scratch allocation failed (the
- * outputs are then incomplete; native.py raises MemoryError). The callers in native.py check
+ * outputs are then incomplete; native.py raises MemoryError), or, for the attention kernels,
+ * HOP_BAD_COUNTS (a ValueError there). The callers in native.py check
  * shapes, dtypes, index ranges and uniforms before they get here: the kernels trust them.
  */
 #include <math.h>
@@ -28,6 +32,7 @@
 
 #define MAX_THREADS 256
 #define HOP_NO_MEMORY 1
+#define HOP_BAD_COUNTS 2
 
 /* Work on the rows [lo, hi); returns 0 or HOP_NO_MEMORY. */
 typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
@@ -165,6 +170,9 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
 #define KEEP_BIAS 1
 #define KEEP_SOFTMAX 2
 
+/* Widest rows that hop_topk_attend selects in one radix select (wider ones: push and finish). */
+#define SELECT_WIDTH 1024
+
 #define ABOVE(a, b) ((a) > (b) || ((a) != (a) && (b) == (b)))
 
 /* exp of x <= 0 (or NaN) for the softmax of hop_topk_keep. float: 2^i · p(f) with the reduced
@@ -264,6 +272,18 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
                        int64_t start, int64_t *out, int threads) {
     indices_args a = {count, population, slots, width, seed, {queries, length, start}, out};
     return parallel_for(indices_range, &a, rows, threads, PIECES);
+}
+
+/* The largest of count[0..length), or -1 unless 0 <= count[i] <= population[i] <= size for
+ * every i (the fused attention kernels check their counts themselves: one pass over L). */
+static int64_t largest_count(const int64_t *count, const int64_t *population, int64_t length,
+                             int64_t size) {
+    int64_t largest = 0;
+    for (int64_t i = 0; i < length; i++) {
+        if (count[i] < 0 || count[i] > population[i] || population[i] > size) return -1;
+        largest = count[i] > largest ? count[i] : largest;
+    }
+    return largest;
 }
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
@@ -741,6 +761,196 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
                                     int threads) {                                                \
         scatter_args_##SUFFIX s = {w, src, idx, rows, slots, dim, targets, dst};                  \
         return parallel_for(scatter_range_##SUFFIX, &s, targets, threads, SCAN_ALL);              \
+    }                                                                                             \
+    /* Fused attention without gradients, one parallel region per call: for each query, the     \
+     * Softmax_n weights over its kept keys and their weighted sum of values. q (BH, L, E),       \
+     * k (BH, S, E), v (BH, S, Ev), out (BH, L, Ev), contiguous; query i of a sequence may see    \
+     * its first population[i] keys and keeps count[i] of them (count <= population <= S).        \
+     * Each thread claims work in turn (see parallel_for), so a busy CPU delays only the pieces   \
+     * of the thread that waits for its core. */                                                 \
+    typedef void (*gemm_##SUFFIX)(const char *, const char *, const int64_t *, const int64_t *,  \
+                                  const int64_t *, const T *, const T *, const int64_t *,        \
+                                  const T *, const int64_t *, const T *, T *, const int64_t *);  \
+    typedef struct {                                                                              \
+        gemm_##SUFFIX gemm;                                                                       \
+        const T *q, *k, *v;                                                                       \
+        const int64_t *count, *population;                                                        \
+        int64_t length, size, dim, vdim, upper, rows, chunk;                                      \
+        T scale, n;                                                                               \
+        uint64_t seed;                                                                            \
+        T *out;                                                                                   \
+    } attend_args_##SUFFIX;                                                                       \
+                                                                                                  \
+    /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys. */                          \
+    static void weigh_row_##SUFFIX(const T *w, const int64_t *cols, int64_t count, const T *v,   \
+                                   int64_t vdim, T *out) {                                        \
+        for (int64_t e = 0; e < vdim; e++) out[e] = 0;                                            \
+        for (int64_t j = 0; j < count; j++) {                                                     \
+            const T weight = w[j], *row = v + cols[j] * vdim;                                     \
+            for (int64_t e = 0; e < vdim; e++) out[e] += weight * row[e];                         \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The count largest of row[0..width) (count <= width; first columns among ties, NaN      \
+     * largest) and their columns, in column order: the radix select of hop_topk_keep, then one \
+     * compacting pass. keys: width scratch; vals and cols: count + 1 each. */                    \
+    static void select_row_##SUFFIX(const T *row, int64_t width, int64_t count, KEY *keys,       \
+                                    T *vals, int64_t *cols) {                                     \
+        keys_of_##SUFFIX(row, keys, width);                                                       \
+        int exact = 1;                                                                            \
+        KEY split = count < width ? split_key_##SUFFIX(keys, width, count, &exact) : 0;           \
+        int64_t m = 0, ties = 0;                                                                  \
+        if (!exact) {                                                                             \
+            int64_t above = 0;                                                                    \
+            for (int64_t i = 0; i < width; i++) above += keys[i] > split;                         \
+            ties = count - above;                                                                 \
+        }                                                                                         \
+        for (int64_t i = 0; i < width; i++) {                                                     \
+            int tie = !exact && keys[i] == split && ties > 0;                                     \
+            ties -= tie;                                                                          \
+            vals[m] = row[i];                                                                     \
+            cols[m] = i;                                                                          \
+            m += exact ? keys[i] >= split : (keys[i] > split) | tie;                              \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* Top-K: work item = (batch-head, block of `rows` queries). Rows whose visible keys fit one \
+     * chunk of at most SELECT_WIDTH: one product of the block's queries with those keys, scale *\
+     * q k^T, by the BLAS `gemm` on this thread (column-major: the keys transposed times the     \
+     * queries gives the scores row-major), then each row's count[i] largest by one radix select \
+     * (select_row). Wider rows: per key chunk one such product, pushed into each query's running\
+     * selection (push_row), then its `upper` (the largest count) largest (finish_row), cut to   \
+     * count[i] where that is fewer. The kept scores get their Softmax_n weights and weigh the   \
+     * values. */                                                                                 \
+    static int topk_attend_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                      \
+        const attend_args_##SUFFIX *a = (const attend_args_##SUFFIX *)p;                          \
+        const int64_t k = a->upper, span = CAP(k) + 16, R = a->rows, C = a->chunk;                \
+        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim;                       \
+        const int64_t blocks = (L + R - 1) / R;                                                   \
+        T *scores = (T *)malloc(sizeof(T) * R * C);                                               \
+        T *vals = (T *)malloc(sizeof(T) * (R * span + 3 * k + 1));                                \
+        int64_t *cols = (int64_t *)malloc(sizeof(int64_t) * (R * span + k + 1));                  \
+        int64_t *counts = (int64_t *)malloc(sizeof(int64_t) * R);                                 \
+        T *thresholds = (T *)malloc(sizeof(T) * R);                                               \
+        int32_t *modes = (int32_t *)malloc(sizeof(int32_t) * R);                                  \
+        const int64_t scratch = span > 2 * k ? span : 2 * k;                                      \
+        KEY *keys = (KEY *)malloc(sizeof(KEY) * (scratch > C ? scratch : C));                     \
+        const int missing = !scores || !vals || !cols || !counts || !thresholds || !modes || !keys;\
+        const int status = missing ? HOP_NO_MEMORY : 0;                                           \
+        if (status) lo = hi; /* nothing to do but free */                                        \
+        T *maxima = vals + R * span, *best = maxima + 2 * k;                                      \
+        int64_t *best_cols = cols + R * span;                                                     \
+        const T zero = 0;                                                                         \
+        for (int64_t item = lo; item < hi; item++) {                                              \
+            const int64_t b = item / blocks, r0 = (item % blocks) * R;                            \
+            const int64_t m = R < L - r0 ? R : L - r0;                                            \
+            const T *qb = a->q + (b * L + r0) * E, *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;\
+            int64_t end = 0;                                                                      \
+            for (int64_t i = 0; i < m; i++) {                                                     \
+                counts[i] = 0;                                                                    \
+                modes[i] = FRESH;                                                                 \
+                end = a->population[r0 + i] > end ? a->population[r0 + i] : end;                  \
+            }                                                                                     \
+            if (end <= C && end <= SELECT_WIDTH) { /* narrow rows: selected straight */            \
+                a->gemm("T", "N", &end, &m, &E, &a->scale, kb, &E, qb, &E, &zero, scores, &end);  \
+                for (int64_t i = 0; i < m; i++) {                                                 \
+                    const int64_t kept = a->count[r0 + i];                                        \
+                    select_row_##SUFFIX(scores + i * end, a->population[r0 + i], kept, keys, best,\
+                                        best_cols);                                               \
+                    softmax_n_##SUFFIX(best, kept, a->n);                                         \
+                    weigh_row_##SUFFIX(best, best_cols, kept, vb, Ev,                             \
+                                       a->out + (b * L + r0 + i) * Ev);                           \
+                }                                                                                 \
+                continue;                                                                         \
+            }                                                                                     \
+            for (int64_t c0 = 0; c0 < end; c0 += C) {                                             \
+                int64_t w = C < end - c0 ? C : end - c0;                                          \
+                a->gemm("T", "N", &w, &m, &E, &a->scale, kb + c0 * E, &E, qb, &E, &zero, scores, \
+                        &w);                                                                      \
+                for (int64_t i = 0; i < m; i++) {                                                 \
+                    int64_t width = a->population[r0 + i] - c0;                                   \
+                    width = width < w ? width : w;                                                \
+                    if (width > 0)                                                                \
+                        push_row_##SUFFIX(scores + i * w, width, c0, k, vals + i * span,          \
+                                          cols + i * span, counts + i, thresholds + i, modes + i, \
+                                          maxima, keys);                                          \
+                }                                                                                 \
+            }                                                                                     \
+            for (int64_t i = 0; i < m; i++) {                                                     \
+                const int64_t kept = a->count[r0 + i];                                            \
+                const int64_t found = counts[i] < k ? counts[i] : k;                              \
+                finish_row_##SUFFIX(vals + i * span, cols + i * span, counts[i], k, keys, best,   \
+                                    best_cols);                                                   \
+                if (kept > 0 && kept < found) /* a row keeping fewer than the most: its largest */ \
+                    cut_##SUFFIX(best, best_cols, keys, found, kept);                             \
+                softmax_n_##SUFFIX(best, kept, a->n);                                             \
+                weigh_row_##SUFFIX(best, best_cols, kept, vb, Ev, a->out + (b * L + r0 + i) * Ev);\
+            }                                                                                     \
+        }                                                                                         \
+        free(scores);                                                                             \
+        free(vals);                                                                               \
+        free(cols);                                                                               \
+        free(counts);                                                                             \
+        free(thresholds);                                                                         \
+        free(modes);                                                                              \
+        free(keys);                                                                               \
+        return status;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    int hop_topk_attend_##SUFFIX(gemm_##SUFFIX gemm, const T *q, const T *k, const T *v,          \
+                                  int64_t heads, int64_t length, int64_t size, int64_t dim,       \
+                                  int64_t vdim, const int64_t *count, const int64_t *population,  \
+                                  T scale, T n, int64_t rows, int64_t chunk, T *out, int threads) {\
+        int64_t upper = largest_count(count, population, length, size);                           \
+        if (upper < 0) return HOP_BAD_COUNTS;                                                     \
+        if (upper == 0) { /* no query keeps a key */                                              \
+            memset(out, 0, sizeof(T) * heads * length * vdim);                                    \
+            return 0;                                                                             \
+        }                                                                                         \
+        attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
+                                  upper, rows, chunk, scale, n, 0, out};                          \
+        return parallel_for(topk_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows), \
+                            threads, PIECES);                                                     \
+    }                                                                                             \
+                                                                                                  \
+    /* Random masks: work item = one query (row r of the (BH·L) queries): its count[i] picks of   \
+     * its first population[i] keys on its stream (floyd_stream keyed by seed and r, the subsets \
+     * of hop_sample_indices), their scores scale * <q, k_j>, Softmax_n weights and weighted sum. */\
+    static int sample_attend_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                    \
+        const attend_args_##SUFFIX *a = (const attend_args_##SUFFIX *)p;                          \
+        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, k = a->upper;         \
+        unsigned char *taken = (unsigned char *)calloc(S > 0 ? S : 1, 1);                         \
+        int64_t *picks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));                    \
+        T *w = (T *)malloc(sizeof(T) * (k > 0 ? k : 1));                                          \
+        const int status = !taken || !picks || !w ? HOP_NO_MEMORY : 0;                           \
+        if (status) lo = hi; /* nothing to do but free */                                        \
+        const stream_rows whole = {L, L, 0};                                                      \
+        for (int64_t r = lo; r < hi; r++) {                                                       \
+            const int64_t b = r / L, i = r % L, count = a->count[i];                              \
+            const T *qr = a->q + r * E, *kb = a->k + b * S * E;                                   \
+            floyd_stream(a->seed, stream_id(r, &whole), count, a->population[i], taken, picks);  \
+            for (int64_t j = 0; j < count; j++) {                                                 \
+                taken[picks[j]] = 0;                                                              \
+                w[j] = a->scale * dot_##SUFFIX(qr, kb + picks[j] * E, E);                         \
+            }                                                                                     \
+            softmax_n_##SUFFIX(w, count, a->n);                                                   \
+            weigh_row_##SUFFIX(w, picks, count, a->v + b * S * Ev, Ev, a->out + r * Ev);          \
+        }                                                                                         \
+        free(taken);                                                                              \
+        free(picks);                                                                              \
+        free(w);                                                                                  \
+        return status;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    int hop_sample_attend_##SUFFIX(const T *q, const T *k, const T *v, int64_t heads,             \
+                                    int64_t length, int64_t size, int64_t dim, int64_t vdim,      \
+                                    const int64_t *count, const int64_t *population,              \
+                                    uint64_t seed, T scale, T n, T *out, int threads) {           \
+        int64_t upper = largest_count(count, population, length, size);                           \
+        if (upper < 0) return HOP_BAD_COUNTS;                                                     \
+        attend_args_##SUFFIX a = {NULL, q, k, v, count, population, length, size, dim, vdim,      \
+                                  upper, 1, 0, scale, n, seed, out};                              \
+        return parallel_for(sample_attend_range_##SUFFIX, &a, heads * length, threads, PIECES);   \
     }                                                                                             \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
