@@ -768,14 +768,16 @@ def test_topk_attend_keeps_the_first_ties_and_ranks_nan_largest(chunk) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [0.0, 1.0])
-def test_sample_attend_weighs_sample_indices_subsets(dtype, n) -> None:
+@pytest.mark.parametrize("product", [True, False])
+def test_sample_attend_weighs_sample_indices_subsets(dtype, n, product) -> None:
     """:func:`native.sample_attend` is Softmax_n attention over the subsets of
-    :func:`native.sample_indices` (same seed, the whole call), causal counts included."""
+    :func:`native.sample_indices` (same seed, the whole call), causal counts included, with its
+    scores from a product with all keys or from gathered dot products."""
     gen = torch.Generator().manual_seed(3)
     length, size = 11, 9
     q, k, v = (torch.randn(2, 3, m, 5, generator=gen, dtype=dtype) for m in (length, size, size))
     count, population = _causal_counts(length, size, 4)
-    out = native.sample_attend(q, k, v, count, population, 77, scale=0.8, n=n)
+    out = native.sample_attend(q, k, v, count, population, 77, scale=0.8, n=n, product=product)
     idx = native.sample_indices(
         count.expand(2, 3, length).contiguous(), population.expand(2, 3, length).contiguous(), 4, 77
     )

@@ -798,6 +798,7 @@ def _fused_applies(
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _query_counts(
     k: int | None,
     fraction: float | None,
@@ -807,7 +808,8 @@ def _query_counts(
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
     """``(count, population)``, int64 ``(L,)``: the keys each query may see (the causal rule
-    only) and how many of them it keeps (``k``, or ``fraction`` of them, at most all)."""
+    only) and how many of them it keeps (``k``, or ``fraction`` of them, at most all). Cached
+    (four small operations a call): the kernels only read them."""
     population = _valid_prefix(0, length, length, size, causal, device)
     return torch.minimum(support_size(population, k, fraction), population), population
 
@@ -1130,10 +1132,10 @@ class TopK(_GatheredStructure):
         return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
-        if self._selects_densely(q, k, v, scale, dropout, return_weights):
-            return self._dense_selected(q, k, v, separation, scale, mask, causal), None
         if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
             return self._fused(q, k, v, separation, scale, causal), None
+        if self._selects_densely(q, k, v, scale, dropout, return_weights):
+            return self._dense_selected(q, k, v, separation, scale, mask, causal), None
         if self._dense_fits(q, k, v, scale):
             if _softmax_selected_applies(q, k, v, separation, scale, mask, dropout, return_weights):
                 assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)

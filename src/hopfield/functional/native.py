@@ -119,8 +119,8 @@ _SIGNATURES: dict[str, Sequence[type]] = {
                 *(real, real, _INT64, _INT64, _PTR, ctypes.c_int),
             ],
             "hop_sample_attend": [
-                *(_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
-                *(ctypes.c_uint64, real, real, _PTR, ctypes.c_int),
+                *(_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
+                *(ctypes.c_uint64, real, real, _INT64, _PTR, ctypes.c_int),
             ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
@@ -864,8 +864,11 @@ def _attend_inputs(
     return q3, k3, v3, counts, populations, out
 
 
-# Scores per query block of topk_attend (256 KiB in float32, so that the block stays in cache).
+# Scores per query block of topk_attend and sample_attend (256 KiB in float32: stays in cache).
 _ATTEND_SCORES = 1 << 16
+# sample_attend takes its scores from a product with all keys where at least 1 key in this many
+# is kept (a product costs less per score than a gathered dot product).
+_PRODUCT_SHARE = 4
 
 
 def topk_attend(
@@ -915,21 +918,31 @@ def sample_attend(
     *,
     scale: float,
     n: float = 0.0,
+    product: bool | None = None,
 ) -> Tensor:
     """Random-mask Softmax_n attention without autograd, in one parallel region: query ``i``
     of ``q (..., L, E)`` keeps a uniform subset of ``count[i]`` of its first ``population[i]``
     keys, drawn on its stream of ``seed`` (the subsets of :func:`sample_indices` and
     :func:`sample_keep` for the whole ``(..., L)`` call), and returns
     ``Σ softmax_n(scale · ⟨q, k_j⟩)_j v_j`` over them, ``(..., L, Ev)``. ``count`` and
-    ``population`` as in :func:`topk_attend`."""
+    ``population`` as in :func:`topk_attend`. The kept scores come from a block's product
+    with all its keys by the BLAS (``product=True``, where one is found) or from one dot
+    product each (``False``); ``None`` (default) takes the product where at least one key in
+    :data:`_PRODUCT_SHARE` is kept."""
     q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
     _stream_rows(q.shape[:-1], seed, 0, None)
     heads, length, dim = q3.shape
-    work = heads * length * (int(counts.max()) if length else 0) * (dim + v3.shape[-1])
+    size = k3.shape[-2]
+    kept = int(counts.max()) if length else 0
+    if product is None:
+        product = kept * _PRODUCT_SHARE >= size
+    gemm = _gemm(q.dtype) if product else None
+    threads = _threads(heads * length * kept * (dim + v3.shape[-1]))
+    rows = min(length, _ATTEND_SCORES // max(1, size), -(-heads * length // (4 * threads)))
     _run(
-        "hop_sample_attend", q.dtype, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), heads, length,
-        k3.shape[-2], dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
-        float(scale), float(n), out.data_ptr(), _threads(work),
+        "hop_sample_attend", q.dtype, gemm, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), heads,
+        length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
+        float(scale), float(n), max(1, rows), out.data_ptr(), threads,
     )  # fmt: skip
     return out
 

@@ -13,7 +13,8 @@
  * hop_sample_indices: those subsets as column indices.
  * hop_topk_attend:   Top-K Softmax_n attention without gradients, product (the caller's BLAS
  *                    gemm), selection, weights and weighted sum in one parallel region;
- * hop_sample_attend: the same for random masks (the subsets of hop_sample_indices);
+ * hop_sample_attend: the same for random masks (the subsets of hop_sample_indices; the scores
+ *                    from a gemm where many keys are kept, else gathered dot products);
  * hop_gather_dot:    out[r, j] = <a[r], table[idx[r, j]]>               (R, K)
  * hop_scatter_outer: dst[idx[r, j]] += w[r, j] * src[r]                 dst (M, E)
  * hop_rms_forward/backward: RMS normalisation over the rows of x (R, n) and its gradients.
@@ -781,11 +782,20 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
         T *out;                                                                                   \
     } attend_args_##SUFFIX;                                                                       \
                                                                                                   \
-    /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys. */                          \
+    /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys, four keys per pass over  \
+     * out (each pass loads and stores it: it might alias v). */                                  \
     static void weigh_row_##SUFFIX(const T *w, const int64_t *cols, int64_t count, const T *v,   \
                                    int64_t vdim, T *out) {                                        \
         for (int64_t e = 0; e < vdim; e++) out[e] = 0;                                            \
-        for (int64_t j = 0; j < count; j++) {                                                     \
+        int64_t j = 0;                                                                            \
+        for (; j + 4 <= count; j += 4) {                                                          \
+            const T w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];                       \
+            const T *r0 = v + cols[j] * vdim, *r1 = v + cols[j + 1] * vdim;                       \
+            const T *r2 = v + cols[j + 2] * vdim, *r3 = v + cols[j + 3] * vdim;                   \
+            for (int64_t e = 0; e < vdim; e++)                                                    \
+                out[e] += (w0 * r0[e] + w1 * r1[e]) + (w2 * r2[e] + w3 * r3[e]);                  \
+        }                                                                                         \
+        for (; j < count; j++) {                                                                  \
             const T weight = w[j], *row = v + cols[j] * vdim;                                     \
             for (int64_t e = 0; e < vdim; e++) out[e] += weight * row[e];                         \
         }                                                                                         \
@@ -913,44 +923,66 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
                             threads, PIECES);                                                     \
     }                                                                                             \
                                                                                                   \
-    /* Random masks: work item = one query (row r of the (BH·L) queries): its count[i] picks of   \
-     * its first population[i] keys on its stream (floyd_stream keyed by seed and r, the subsets \
-     * of hop_sample_indices), their scores scale * <q, k_j>, Softmax_n weights and weighted sum. */\
+    /* Random masks: work item = (batch-head, block of `rows` queries). Each query draws its     \
+     * count[i] picks of its first population[i] keys on its stream (floyd_stream keyed by seed  \
+     * and its place r in the (BH·L) queries: the subsets of hop_sample_indices) and takes their \
+     * scores scale * <q, k_j> from the block's product with the keys by the BLAS `gemm` (for a  \
+     * large share of kept keys), else one dot product each; then the Softmax_n weights and the  \
+     * weighted sum. */                                                                           \
     static int sample_attend_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                    \
         const attend_args_##SUFFIX *a = (const attend_args_##SUFFIX *)p;                          \
         const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, k = a->upper;         \
+        const int64_t R = a->rows, blocks = (L + R - 1) / R;                                      \
         unsigned char *taken = (unsigned char *)calloc(S > 0 ? S : 1, 1);                         \
         int64_t *picks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));                    \
         T *w = (T *)malloc(sizeof(T) * (k > 0 ? k : 1));                                          \
-        const int status = !taken || !picks || !w ? HOP_NO_MEMORY : 0;                           \
+        T *scores = a->gemm ? (T *)malloc(sizeof(T) * (R * S > 0 ? R * S : 1)) : NULL;            \
+        const int status = !taken || !picks || !w || (a->gemm && !scores) ? HOP_NO_MEMORY : 0;    \
         if (status) lo = hi; /* nothing to do but free */                                        \
         const stream_rows whole = {L, L, 0};                                                      \
-        for (int64_t r = lo; r < hi; r++) {                                                       \
-            const int64_t b = r / L, i = r % L, count = a->count[i];                              \
-            const T *qr = a->q + r * E, *kb = a->k + b * S * E;                                   \
-            floyd_stream(a->seed, stream_id(r, &whole), count, a->population[i], taken, picks);  \
-            for (int64_t j = 0; j < count; j++) {                                                 \
-                taken[picks[j]] = 0;                                                              \
-                w[j] = a->scale * dot_##SUFFIX(qr, kb + picks[j] * E, E);                         \
+        const T zero = 0;                                                                         \
+        for (int64_t item = lo; item < hi; item++) {                                              \
+            const int64_t b = item / blocks, r0 = (item % blocks) * R;                            \
+            const int64_t m = R < L - r0 ? R : L - r0;                                            \
+            const T *kb = a->k + b * S * E;                                                       \
+            int64_t end = 0;                                                                      \
+            for (int64_t i = 0; i < m; i++)                                                       \
+                end = a->population[r0 + i] > end ? a->population[r0 + i] : end;                  \
+            if (a->gemm && end > 0)                                                               \
+                a->gemm("T", "N", &end, &m, &E, &a->scale, kb, &E, a->q + (b * L + r0) * E, &E,   \
+                        &zero, scores, &end);                                                     \
+            for (int64_t i = 0; i < m; i++) {                                                     \
+                const int64_t r = b * L + r0 + i, count = a->count[r0 + i];                       \
+                const T *qr = a->q + r * E;                                                       \
+                floyd_stream(a->seed, stream_id(r, &whole), count, a->population[r0 + i], taken,  \
+                             picks);                                                              \
+                for (int64_t j = 0; j < count; j++) {                                             \
+                    taken[picks[j]] = 0;                                                          \
+                    w[j] = a->gemm ? scores[i * end + picks[j]]                                   \
+                                   : a->scale * dot_##SUFFIX(qr, kb + picks[j] * E, E);           \
+                }                                                                                 \
+                softmax_n_##SUFFIX(w, count, a->n);                                               \
+                weigh_row_##SUFFIX(w, picks, count, a->v + b * S * Ev, Ev, a->out + r * Ev);      \
             }                                                                                     \
-            softmax_n_##SUFFIX(w, count, a->n);                                                   \
-            weigh_row_##SUFFIX(w, picks, count, a->v + b * S * Ev, Ev, a->out + r * Ev);          \
         }                                                                                         \
         free(taken);                                                                              \
         free(picks);                                                                              \
         free(w);                                                                                  \
+        free(scores);                                                                             \
         return status;                                                                            \
     }                                                                                             \
                                                                                                   \
-    int hop_sample_attend_##SUFFIX(const T *q, const T *k, const T *v, int64_t heads,             \
-                                    int64_t length, int64_t size, int64_t dim, int64_t vdim,      \
-                                    const int64_t *count, const int64_t *population,              \
-                                    uint64_t seed, T scale, T n, T *out, int threads) {           \
+    int hop_sample_attend_##SUFFIX(gemm_##SUFFIX gemm, const T *q, const T *k, const T *v,        \
+                                    int64_t heads, int64_t length, int64_t size, int64_t dim,     \
+                                    int64_t vdim, const int64_t *count, const int64_t *population,\
+                                    uint64_t seed, T scale, T n, int64_t rows, T *out,            \
+                                    int threads) {                                                \
         int64_t upper = largest_count(count, population, length, size);                           \
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
-        attend_args_##SUFFIX a = {NULL, q, k, v, count, population, length, size, dim, vdim,      \
-                                  upper, 1, 0, scale, n, seed, out};                              \
-        return parallel_for(sample_attend_range_##SUFFIX, &a, heads * length, threads, PIECES);   \
+        attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
+                                  upper, rows, 0, scale, n, seed, out};                           \
+        return parallel_for(sample_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows),\
+                            threads, PIECES);                                                     \
     }                                                                                             \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
