@@ -851,6 +851,9 @@ def test_dense_dispatch_applies_with_gradients_below_the_crossover(
         return selected(*args)
 
     # the dense paths: the fused kernel with a support mask, or Softmax_n on the kernels' weights
+    # (as for a separation or mask the fused native kernels do not take)
+    monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
+    monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
     monkeypatch.setattr(efficient, "dense_with_support", spy)
     monkeypatch.setattr(efficient._SelectedSoftmax, "apply", spy_selected)
     q, k, v = patterns(b=1, h=2, length=9, size=12, e=4, ev=4)
@@ -994,19 +997,24 @@ _FUSED_STRUCTURES = {
 @pytest.mark.parametrize("shape", [(9, 12), (12, 9), (1, 30)])
 @pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("grads", [False, True])
 def test_fused_kernels_equal_the_gathered_path(
-    monkeypatch, dispatch, kernel_path, name, causal, shape, separation, dtype
+    monkeypatch, dispatch, kernel_path, name, causal, shape, separation, dtype, grads
 ) -> None:
-    """Without gradients, Softmax_n Top-K and random masks run in one fused kernel
-    (:func:`native.topk_attend`, :func:`native.sample_attend`) and give the gathered path's
-    association: fixed ``k`` and ``fraction``, several key chunks, ``k > S``, causal rows (with
-    ``L > S`` some see no key), one query."""
+    """Softmax_n Top-K and random masks run in one fused kernel (:func:`native.topk_attend`,
+    :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`, whose backward is
+    :func:`native.attend_backward`) and give the gathered path's association and gradients:
+    fixed ``k`` and ``fraction``, several key chunks, ``k > S``, causal rows (with ``L > S``
+    some see no key), one query."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
     import hopfield.functional.efficient as efficient
 
     length, size = shape
-    q, k, v = (t.detach().to(dtype) for t in patterns(b=2, h=2, length=length, size=size))
+    q, k, v = (
+        t.detach().to(dtype).requires_grad_(grads)
+        for t in patterns(b=2, h=2, length=length, size=size)
+    )
     kernel = "topk_attend" if name.startswith("topk") else "sample_attend"
     calls: list[int] = []
     original = getattr(efficient.native, kernel)
@@ -1017,16 +1025,40 @@ def test_fused_kernels_equal_the_gathered_path(
     monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
     kwargs = {"separation": separation, "scale": 0.7, "causal": causal}
     structure = _FUSED_STRUCTURES[name]()
-    with torch.no_grad():
-        fused = associate(q, k, v, structure=structure, **kwargs)
-        if kernel == "topk_attend" and not efficient.native.attention_available(q):
-            pytest.skip("no BLAS product found")
-        assert calls == [1]
-        monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
-        monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
-        gathered = associate(q, k, v, structure=structure, **kwargs)
+
+    def run() -> list[Tensor]:
+        with torch.set_grad_enabled(grads):
+            out = associate(q, k, v, structure=structure, **kwargs)
+        if not grads:
+            return [out]
+        probe = torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)
+        return [out, *torch.autograd.grad((out * probe).sum(), (q, k, v))]
+
+    fused = run()
+    if kernel == "topk_attend" and not efficient.native.attention_available(q):
+        pytest.skip("no BLAS product found")
+    assert calls == [1]
+    for cls in (TopK, RandomMask):  # the gathered path (with gradients: the recomputed one)
+        monkeypatch.setattr(cls, "_attends_fused", lambda *args: False)
+        monkeypatch.setattr(cls, "_dense_fits", lambda *args: False)
     tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (1e-10, 1e-12)
-    torch.testing.assert_close(fused, gathered, rtol=tolerance[0], atol=tolerance[1])
+    for ours, gathered in zip(fused, run(), strict=True):
+        torch.testing.assert_close(ours, gathered, rtol=tolerance[0], atol=tolerance[1])
+
+
+@pytest.mark.parametrize("name", ["topk", "topk-chunks", "random"])
+def test_fused_backward_passes_gradcheck(dispatch, kernel_path, name) -> None:
+    """The fused kernels' hand backward (:func:`native.attend_backward`) matches finite
+    differences in float64 (distinct scores: the support does not move)."""
+    if dispatch == "gathered" or kernel_path != "native":
+        pytest.skip("needs the native kernels")
+    q, k, v = (t[:1, :2, :6].detach().clone().requires_grad_() for t in patterns(size=7))
+    structure = _FUSED_STRUCTURES[name]()
+
+    def fn(*inputs: Tensor) -> Tensor:
+        return associate(*inputs, separation=SoftmaxN(1.0), structure=structure, scale=0.7)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
 @pytest.mark.parametrize("blocks", ["one", "rows"])
@@ -1204,6 +1236,9 @@ def test_selected_softmax_with_gradients_equals_gathered_path(
     monkeypatch.setattr(
         efficient._SelectedSoftmax, "apply", lambda *a: calls.append(1) or selected(*a)
     )
+    # without a mask the fused kernels would take these (see the fused tests)
+    monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
+    monkeypatch.setattr(RandomMask, "_attends_fused", lambda *args: False)
     q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
     mask = _dispatch_mask(mask_kind)
     results = []

@@ -785,17 +785,60 @@ def _fused_applies(
     return_weights: bool,
 ) -> bool:
     """Whether an association can take a fused native kernel (:func:`native.topk_attend`,
-    :func:`native.sample_attend`): no gradients, dropout, weights or mask (the causal rule
-    aside), a Softmax_n separation with a number scale, and the native kernels."""
+    :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`): no dropout, weights
+    or mask (the causal rule aside), a Softmax_n separation with a number scale, and the native
+    kernels."""
     return (
         mask is None
         and dropout == 0.0
         and not return_weights
         and isinstance(separation, SoftmaxN)
         and not isinstance(scale, Tensor)
-        and not _grads_needed(q, k, v)
         and native.available(q, k, v)
     )
+
+
+class _FusedSoftmax(torch.autograd.Function):
+    """A fused kernel's association (``attend(q, k, v, support=...)``, see
+    :func:`_fused_association`) with its own backward: the forward saves each query's kept keys
+    and Softmax_n weights ``(B, H, L, K)``, the backward is :func:`native.attend_backward`
+    over them, ``O(L · K · (E + Ev))`` (the support is piecewise constant in the inputs)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        count: Tensor,
+        scale: float,
+        attend: Callable[..., Tensor],
+    ) -> Tensor:
+        slots = int(count.max()) if count.numel() else 0
+        idx = torch.empty(*q.shape[:-1], slots, dtype=torch.int64)
+        weights = q.new_empty(*q.shape[:-1], slots)
+        out = attend(q, k, v, support=(idx, weights))
+        ctx.save_for_backward(q, k, v, idx, weights, count)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, idx, weights, count = ctx.saved_tensors
+        dq, dk, dv = native.attend_backward(q, k, v, (idx, weights), count, grad, scale=ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def _fused_association(
+    q: Tensor, k: Tensor, v: Tensor, count: Tensor, scale: float, attend: Callable[..., Tensor]
+) -> Tensor:
+    """``attend(q, k, v)`` (a fused kernel with its counts and scale bound), through
+    :class:`_FusedSoftmax` when gradients are needed."""
+    if _grads_needed(q, k, v):
+        out: Tensor = _FusedSoftmax.apply(q, k, v, count, scale, attend)
+        return out
+    return attend(q, k, v)
 
 
 @functools.lru_cache(maxsize=64)
@@ -1196,16 +1239,23 @@ class TopK(_GatheredStructure):
     ) -> Tensor:
         """The association in one native kernel (:func:`native.topk_attend`): per block of
         queries the score product, each query's ``K`` largest allowed scores (the keys of
-        every other path) and their Softmax_n weighted sum."""
+        every other path) and their Softmax_n weighted sum; with gradients through
+        :class:`_FusedSoftmax`."""
         assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
         size = k.shape[-2]
         count, population = _query_counts(
             self.k, self.fraction, q.shape[-2], size, causal, q.device
         )
         chunk = self.key_chunk(size, upper_count(self.k, self.fraction, size), True)
-        return native.topk_attend(
-            q, k, v, count, population, scale=scale, n=separation.n, chunk=chunk
+        attend = functools.partial(
+            native.topk_attend,
+            count=count,
+            population=population,
+            scale=scale,
+            n=separation.n,
+            chunk=chunk,
         )
+        return _fused_association(q, k, v, count, scale, attend)
 
     def _selects_densely(
         self, q: Tensor, k: Tensor, v: Tensor, scale: Scale, dropout: float, return_weights: bool
@@ -1861,14 +1911,22 @@ class RandomMask(_GatheredStructure):
     ) -> Tensor:
         """The association in one native kernel (:func:`native.sample_attend`): each query's
         subset drawn on this call's streams (the subsets of every other native path), its
-        scores, Softmax_n weights and weighted sum."""
+        scores, Softmax_n weights and weighted sum; with gradients through
+        :class:`_FusedSoftmax`."""
         assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
         size = k.shape[-2]
         count, population = _query_counts(
             self.k, self.fraction, q.shape[-2], size, causal, q.device
         )
-        seed = self._stream_seed()
-        return native.sample_attend(q, k, v, count, population, seed, scale=scale, n=separation.n)
+        attend = functools.partial(
+            native.sample_attend,
+            count=count,
+            population=population,
+            seed=self._stream_seed(),
+            scale=scale,
+            n=separation.n,
+        )
+        return _fused_association(q, k, v, count, scale, attend)
 
     def _samples_densely(
         self,

@@ -63,6 +63,7 @@ from torch import Tensor
 
 __all__ = [
     "RunningTopK",
+    "attend_backward",
     "attention_available",
     "available",
     "enabled",
@@ -116,11 +117,15 @@ _SIGNATURES: dict[str, Sequence[type]] = {
             ],
             "hop_topk_attend": [
                 *(_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
-                *(real, real, _INT64, _INT64, _PTR, ctypes.c_int),
+                *(real, real, _INT64, _INT64, _PTR, _PTR, _PTR, ctypes.c_int),
             ],
             "hop_sample_attend": [
                 *(_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
-                *(ctypes.c_uint64, real, real, _INT64, _PTR, ctypes.c_int),
+                *(ctypes.c_uint64, real, real, _INT64, _PTR, _PTR, _PTR, ctypes.c_int),
+            ],
+            "hop_attend_backward": [
+                *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64),
+                *(_INT64, _INT64, real, _PTR, _PTR, _PTR, ctypes.c_int),
             ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
@@ -841,7 +846,8 @@ def _attend_inputs(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Checked inputs of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
     ``v (..., S, Ev)`` with the same leading shape, as contiguous ``(BH, ·, ·)``; ``count`` and
-    ``population`` as contiguous int64 ``(L,)``; and the output ``(..., L, Ev)``."""
+    ``population`` (or the slots' counts) as contiguous int64 ``(L,)``; and the output
+    ``(..., L, Ev)``."""
     _float_dtype(q=q, k=k, v=v)
     for name, value in (("q", q), ("k", k), ("v", v)):
         _cpu_tensor(name, value, least_dims=2)
@@ -864,6 +870,27 @@ def _attend_inputs(
     return q3, k3, v3, counts, populations, out
 
 
+def _support_outputs(
+    support: tuple[Tensor, Tensor] | None, q: Tensor, counts: Tensor
+) -> tuple[int | None, int | None]:
+    """The data pointers of ``support = (idx, weights)``, which the kernels fill with each
+    query's kept keys and weights: contiguous int64 and ``q``'s dtype, ``(..., L, K)`` with
+    ``K`` the largest count (else a ValueError); ``(None, None)`` without."""
+    if support is None:
+        return None, None
+    idx, weights = support
+    slots = int(counts.max()) if counts.numel() else 0
+    shape = (*q.shape[:-1], slots)
+    for name, value, dtype in (("idx", idx, torch.int64), ("weights", weights, q.dtype)):
+        _cpu_tensor(f"support {name}", value)
+        if value.shape != shape or value.dtype != dtype or not value.is_contiguous():
+            raise ValueError(
+                f"support {name} must be a contiguous {dtype} tensor of shape {shape} (K = the "
+                f"largest count), got {value.dtype} {tuple(value.shape)}"
+            )
+    return idx.data_ptr(), weights.data_ptr()
+
+
 # Scores per query block of topk_attend and sample_attend (256 KiB in float32: stays in cache).
 _ATTEND_SCORES = 1 << 16
 # sample_attend takes its scores from a product with all keys where at least 1 key in this many
@@ -881,6 +908,7 @@ def topk_attend(
     scale: float,
     n: float = 0.0,
     chunk: int = 2048,
+    support: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Top-K Softmax_n attention without autograd, in one parallel region: query ``i`` of
     ``q (..., L, E)`` keeps the ``count[i]`` largest of its scores ``scale · ⟨q, k_j⟩`` over its
@@ -889,8 +917,11 @@ def topk_attend(
     scores of a block of queries and ``chunk`` keys come from the BLAS product (see
     :func:`attention_available`) on the thread that ranks them. ``count`` and ``population``
     are integer ``(L,)`` with ``0 <= count <= population <= S`` (else a ValueError); a query
-    keeping nothing gives zeros."""
+    keeping nothing gives zeros. ``support = (idx, weights)``, contiguous ``(..., L, K)`` with
+    ``K = max(count)`` (int64 and ``q``'s dtype), receives each query's kept keys and weights
+    in its first ``count[i]`` slots, 0 in the others (for :func:`attend_backward`)."""
     q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    idx_out, w_out = _support_outputs(support, q, counts)
     gemm = _gemm(q.dtype)
     if gemm is None:
         raise RuntimeError("no BLAS product found for the fused Top-K kernel")
@@ -903,7 +934,7 @@ def topk_attend(
     _run(
         "hop_topk_attend", q.dtype, gemm, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
         heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
-        float(scale), float(n), max(1, rows), chunk, out.data_ptr(), threads,
+        float(scale), float(n), max(1, rows), chunk, out.data_ptr(), idx_out, w_out, threads,
     )  # fmt: skip
     return out
 
@@ -919,6 +950,7 @@ def sample_attend(
     scale: float,
     n: float = 0.0,
     product: bool | None = None,
+    support: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Random-mask Softmax_n attention without autograd, in one parallel region: query ``i``
     of ``q (..., L, E)`` keeps a uniform subset of ``count[i]`` of its first ``population[i]``
@@ -928,8 +960,9 @@ def sample_attend(
     ``population`` as in :func:`topk_attend`. The kept scores come from a block's product
     with all its keys by the BLAS (``product=True``, where one is found) or from one dot
     product each (``False``); ``None`` (default) takes the product where at least one key in
-    :data:`_PRODUCT_SHARE` is kept."""
+    :data:`_PRODUCT_SHARE` is kept. ``support`` as in :func:`topk_attend`."""
     q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    idx_out, w_out = _support_outputs(support, q, counts)
     _stream_rows(q.shape[:-1], seed, 0, None)
     heads, length, dim = q3.shape
     size = k3.shape[-2]
@@ -942,9 +975,48 @@ def sample_attend(
     _run(
         "hop_sample_attend", q.dtype, gemm, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), heads,
         length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
-        float(scale), float(n), max(1, rows), out.data_ptr(), threads,
+        float(scale), float(n), max(1, rows), out.data_ptr(), idx_out, w_out, threads,
     )  # fmt: skip
     return out
+
+
+def attend_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    support: tuple[Tensor, Tensor],
+    count: Tensor,
+    grad: Tensor,
+    *,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients ``(dq, dk, dv)`` of :func:`topk_attend` or :func:`sample_attend` given the
+    ``support = (idx, weights)`` they saved, the ``count (L,)`` they were given and the output
+    gradient ``grad (..., L, Ev)``: per kept key ``dw_j = ⟨grad, v_j⟩``,
+    ``ds_j = scale · w_j (dw_j - Σ_l w_l dw_l)``, ``dq = Σ_j ds_j k_j``, ``dk_j += ds_j q``,
+    ``dv_j += w_j grad`` (the support itself is piecewise constant). Costs ``O(L · K · (E +
+    Ev))``, one parallel region over the batch-heads."""
+    q3, k3, v3, counts, _, _ = _attend_inputs(q, k, v, count, count)
+    idx, weights = support
+    _support_outputs(support, q, counts)
+    _check_index(idx, k.shape[-2], "support idx")
+    if grad.shape != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(
+            f"grad must have the output's shape {(*q.shape[:-1], v.shape[-1])}, got "
+            f"{tuple(grad.shape)}"
+        )
+    _float_dtype(q=q, grad=grad)
+    g = grad.contiguous()
+    dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+    heads, length, dim = q3.shape
+    slots = idx.shape[-1]
+    _run(
+        "hop_attend_backward", q.dtype, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
+        idx.data_ptr(), weights.data_ptr(), counts.data_ptr(), g.data_ptr(), heads, length,
+        k3.shape[-2], dim, v3.shape[-1], slots, float(scale), dq.data_ptr(), dk.data_ptr(),
+        dv.data_ptr(), _threads(heads * length * slots * (dim + v3.shape[-1])),
+    )  # fmt: skip
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:

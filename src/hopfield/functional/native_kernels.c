@@ -287,6 +287,9 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
     return largest;
 }
 
+/* Whether a count of kept keys lies outside [0, slots]. */
+static inline int count_outside(int64_t count, int64_t slots) { return count < 0 || count > slots; }
+
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
                                                                                                   \
     /* The value of a key (see keys_of_##SUFFIX). */                                              \
@@ -780,6 +783,8 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
         T scale, n;                                                                               \
         uint64_t seed;                                                                            \
         T *out;                                                                                   \
+        int64_t *idx_out; /* with w_out: each query's kept keys and weights (BH·L, upper), or NULL */\
+        T *w_out;                                                                                 \
     } attend_args_##SUFFIX;                                                                       \
                                                                                                   \
     /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys, four keys per pass over  \
@@ -798,6 +803,22 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
         for (; j < count; j++) {                                                                  \
             const T weight = w[j], *row = v + cols[j] * vdim;                                     \
             for (int64_t e = 0; e < vdim; e++) out[e] += weight * row[e];                         \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The end of query r (of the BH·L): the Softmax_n weights of its kept scores vals[0..kept)\
+     * (in place), their weighted sum of the values vb (its batch-head's) into out and, if asked,\
+     * its kept keys and weights into idx_out and w_out (upper slots, the rest 0). */             \
+    static void attend_query_##SUFFIX(const attend_args_##SUFFIX *a, int64_t r, T *vals,         \
+                                      const int64_t *cols, int64_t kept, const T *vb) {           \
+        softmax_n_##SUFFIX(vals, kept, a->n);                                                     \
+        weigh_row_##SUFFIX(vals, cols, kept, vb, a->vdim, a->out + r * a->vdim);                  \
+        if (!a->w_out) return;                                                                    \
+        T *w = a->w_out + r * a->upper;                                                           \
+        int64_t *keys = a->idx_out + r * a->upper;                                                \
+        for (int64_t j = 0; j < a->upper; j++) {                                                  \
+            w[j] = j < kept ? vals[j] : 0;                                                        \
+            keys[j] = j < kept ? cols[j] : 0;                                                     \
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
@@ -867,9 +888,7 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
                     const int64_t kept = a->count[r0 + i];                                        \
                     select_row_##SUFFIX(scores + i * end, a->population[r0 + i], kept, keys, best,\
                                         best_cols);                                               \
-                    softmax_n_##SUFFIX(best, kept, a->n);                                         \
-                    weigh_row_##SUFFIX(best, best_cols, kept, vb, Ev,                             \
-                                       a->out + (b * L + r0 + i) * Ev);                           \
+                    attend_query_##SUFFIX(a, b * L + r0 + i, best, best_cols, kept, vb);          \
                 }                                                                                 \
                 continue;                                                                         \
             }                                                                                     \
@@ -893,8 +912,7 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
                                     best_cols);                                                   \
                 if (kept > 0 && kept < found) /* a row keeping fewer than the most: its largest */ \
                     cut_##SUFFIX(best, best_cols, keys, found, kept);                             \
-                softmax_n_##SUFFIX(best, kept, a->n);                                             \
-                weigh_row_##SUFFIX(best, best_cols, kept, vb, Ev, a->out + (b * L + r0 + i) * Ev);\
+                attend_query_##SUFFIX(a, b * L + r0 + i, best, best_cols, kept, vb);              \
             }                                                                                     \
         }                                                                                         \
         free(scores);                                                                             \
@@ -910,15 +928,16 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
     int hop_topk_attend_##SUFFIX(gemm_##SUFFIX gemm, const T *q, const T *k, const T *v,          \
                                   int64_t heads, int64_t length, int64_t size, int64_t dim,       \
                                   int64_t vdim, const int64_t *count, const int64_t *population,  \
-                                  T scale, T n, int64_t rows, int64_t chunk, T *out, int threads) {\
+                                  T scale, T n, int64_t rows, int64_t chunk, T *out,              \
+                                  int64_t *idx_out, T *w_out, int threads) {                      \
         int64_t upper = largest_count(count, population, length, size);                           \
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
-        if (upper == 0) { /* no query keeps a key */                                              \
+        if (upper == 0) { /* no query keeps a key (and no slots to save) */                      \
             memset(out, 0, sizeof(T) * heads * length * vdim);                                    \
             return 0;                                                                             \
         }                                                                                         \
         attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
-                                  upper, rows, chunk, scale, n, 0, out};                          \
+                                  upper, rows, chunk, scale, n, 0, out, idx_out, w_out};          \
         return parallel_for(topk_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows), \
                             threads, PIECES);                                                     \
     }                                                                                             \
@@ -961,8 +980,7 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
                     w[j] = a->gemm ? scores[i * end + picks[j]]                                   \
                                    : a->scale * dot_##SUFFIX(qr, kb + picks[j] * E, E);           \
                 }                                                                                 \
-                softmax_n_##SUFFIX(w, count, a->n);                                               \
-                weigh_row_##SUFFIX(w, picks, count, a->v + b * S * Ev, Ev, a->out + r * Ev);      \
+                attend_query_##SUFFIX(a, r, w, picks, count, a->v + b * S * Ev);                  \
             }                                                                                     \
         }                                                                                         \
         free(taken);                                                                              \
@@ -976,14 +994,74 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
                                     int64_t heads, int64_t length, int64_t size, int64_t dim,     \
                                     int64_t vdim, const int64_t *count, const int64_t *population,\
                                     uint64_t seed, T scale, T n, int64_t rows, T *out,            \
-                                    int threads) {                                                \
+                                    int64_t *idx_out, T *w_out, int threads) {                    \
         int64_t upper = largest_count(count, population, length, size);                           \
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
         attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
-                                  upper, rows, 0, scale, n, seed, out};                           \
+                                  upper, rows, 0, scale, n, seed, out, idx_out, w_out};           \
         return parallel_for(sample_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows),\
                             threads, PIECES);                                                     \
     }                                                                                             \
+    /* dst[0..n) += alpha * src[0..n). */                                                       \
+    static inline void axpy_##SUFFIX(T *dst, T alpha, const T *src, int64_t n) {                  \
+        for (int64_t e = 0; e < n; e++) dst[e] += alpha * src[e];                                 \
+    }                                                                                             \
+                                                                                                  \
+    /* The gradients of the fused attention kernels' outputs, given each query's kept keys idx    \
+     * and Softmax_n weights w (BH·L, slots; the first count[i] of query i hold its keys) and the\
+     * output gradient g (BH·L, Ev): per kept key dw_j = <g, v_j>, ds_j = scale w_j (dw_j -      \
+     * sum_l w_l dw_l); dq = sum_j ds_j k_j, dk_j += ds_j q and dv_j += w_j g. Work item = one     \
+     * batch-head (its key rows gather from all its queries: no two threads write one row). */   \
+    typedef struct {                                                                              \
+        const T *q, *k, *v, *w, *g;                                                               \
+        const int64_t *idx, *count;                                                               \
+        int64_t length, size, dim, vdim, slots;                                                   \
+        T scale;                                                                                  \
+        T *dq, *dk, *dv;                                                                          \
+    } backward_args_##SUFFIX;                                                                     \
+                                                                                                  \
+    static int attend_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                  \
+        const backward_args_##SUFFIX *a = (const backward_args_##SUFFIX *)p;                      \
+        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, K = a->slots;         \
+        T *ds = (T *)malloc(sizeof(T) * (K > 0 ? K : 1));                                         \
+        if (!ds) return HOP_NO_MEMORY;                                                            \
+        for (int64_t b = lo; b < hi; b++) {                                                       \
+            const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;                              \
+            T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                  \
+            memset(dk, 0, sizeof(T) * S * E);                                                     \
+            memset(dv, 0, sizeof(T) * S * Ev);                                                    \
+            for (int64_t i = 0; i < L; i++) {                                                     \
+                const int64_t r = b * L + i, kept = a->count[i], *cols = a->idx + r * K;          \
+                const T *w = a->w + r * K, *g = a->g + r * Ev, *qr = a->q + r * E;                \
+                T inner = 0;                                                                      \
+                for (int64_t j = 0; j < kept; j++) {                                              \
+                    ds[j] = dot_##SUFFIX(g, vb + cols[j] * Ev, Ev);                               \
+                    inner += w[j] * ds[j];                                                        \
+                }                                                                                 \
+                for (int64_t j = 0; j < kept; j++) {                                              \
+                    ds[j] = a->scale * w[j] * (ds[j] - inner);                                    \
+                    axpy_##SUFFIX(dk + cols[j] * E, ds[j], qr, E);                                \
+                    axpy_##SUFFIX(dv + cols[j] * Ev, w[j], g, Ev);                                \
+                }                                                                                 \
+                weigh_row_##SUFFIX(ds, cols, kept, kb, E, a->dq + r * E);                         \
+            }                                                                                     \
+        }                                                                                         \
+        free(ds);                                                                                 \
+        return 0;                                                                                 \
+    }                                                                                             \
+                                                                                                  \
+    int hop_attend_backward_##SUFFIX(const T *q, const T *k, const T *v, const int64_t *idx,      \
+                                      const T *w, const int64_t *count, const T *g,               \
+                                      int64_t heads, int64_t length, int64_t size, int64_t dim,   \
+                                      int64_t vdim, int64_t slots, T scale, T *dq, T *dk, T *dv,  \
+                                      int threads) {                                              \
+        for (int64_t i = 0; i < length; i++)                                                      \
+            if (count_outside(count[i], slots)) return HOP_BAD_COUNTS;                              \
+        backward_args_##SUFFIX a = {q, k, v, w, g, idx, count, length, size, dim, vdim, slots,    \
+                                    scale, dq, dk, dv};                                           \
+        return parallel_for(attend_backward_range_##SUFFIX, &a, heads, threads, PIECES);          \
+    }                                                                                             \
+                                                                                                  \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
         const T *x, *w, *dy;                                                                      \
