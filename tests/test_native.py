@@ -835,7 +835,42 @@ def test_fused_attention_of_empty_calls_and_without_blas(monkeypatch) -> None:
         if native.attention_available(q):
             out = native.topk_attend(q, k, v, count, population, scale=1.0)
             assert out.shape == (*lead, length, 2) and not out.any()
-    monkeypatch.setattr(native, "_gemm", lambda dtype: None)
+    monkeypatch.setattr(native, "_blas", lambda dtype: None)
     assert not native.attention_available(torch.zeros(1))
     with pytest.raises(RuntimeError, match="no BLAS product"):
         native.topk_attend(q, k, v, count, population, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("product", [True, False])
+@pytest.mark.parametrize("length,size,k", [(9, 40, 7), (12, 9, 4), (3, 5, 9)])
+def test_attend_backward_is_the_gradient_over_the_saved_support(
+    dtype, product, length, size, k
+) -> None:
+    """:func:`native.attend_backward` gives autograd's gradients of Softmax_n attention over the
+    support that :func:`native.topk_attend` saved (float64 reference), with dense products and
+    per kept key, causal counts with rows that keep nothing, and a ValueError for a bad index."""
+    if not native.attention_available(torch.zeros(1, dtype=dtype)):
+        pytest.skip("no BLAS product found")
+    gen = torch.Generator().manual_seed(length)
+    q, k_, v = (torch.randn(2, 3, m, d, generator=gen, dtype=dtype) for m, d in
+                ((length, 8), (size, 8), (size, 5)))  # fmt: skip
+    count, population = _causal_counts(length, size, k)
+    slots = int(count.max())
+    idx = torch.empty(2, 3, length, slots, dtype=torch.int64)
+    weights = torch.empty(2, 3, length, slots, dtype=dtype)
+    out = native.topk_attend(q, k_, v, count, population, scale=0.6, n=1.0, support=(idx, weights))
+    grad = torch.randn(out.shape, generator=gen, dtype=dtype)
+    ours = native.attend_backward(q, k_, v, (idx, weights), count, grad, scale=0.6, product=product)
+    inputs = [t.double().requires_grad_() for t in (q, k_, v)]
+    marks = (torch.arange(slots) < count.unsqueeze(-1)).long().expand_as(idx)
+    kept = torch.zeros(2, 3, length, size, dtype=torch.long).scatter_add(-1, idx, marks) > 0
+    ref = _attention_reference(*inputs, kept, 0.6, 1.0)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    expected = torch.autograd.grad(ref, inputs, grad.double())
+    tol = {"rtol": 2e-5, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    for got, want in zip(ours, expected, strict=True):
+        torch.testing.assert_close(got.double(), want, **tol)
+    idx[0, 0, -1, 0] = size
+    with pytest.raises(ValueError, match="support idx"):
+        native.attend_backward(q, k_, v, (idx, weights), count, grad, scale=0.6)

@@ -38,6 +38,21 @@
 /* Work on the rows [lo, hi); returns 0 or HOP_NO_MEMORY. */
 typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
 
+/* A BLAS's setting of its own threads for the calling thread only (MKL's
+ * MKL_Set_Num_Threads_Local: returns the previous setting, 0 restores the global one). The
+ * kernels that call a BLAS product set it to 1 in each of their threads: called from a thread
+ * outside a parallel region, the product would start threads of its own. */
+typedef int (*local_threads_fn)(int);
+
+/* fn over [0, n) with BLAS products kept on the calling threads (see local_threads_fn); NULL:
+ * no setting to make. */
+static int parallel_for_local(range_fn fn, void *args, int64_t n, int threads, int per_thread,
+                              local_threads_fn local);
+
+static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per_thread) {
+    return parallel_for_local(fn, args, n, threads, per_thread, NULL);
+}
+
 /* Ranges of rows per thread that parallel_for hands out (SCAN_ALL: one, for kernels whose every
  * range scans all the input, as hop_scatter_outer's). */
 #define PIECES 8
@@ -52,15 +67,21 @@ typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
  * contiguous ranges per thread, which the threads claim in turn: on a busy CPU a thread that
  * gets its core late finds the work done by the others instead of holding the call up for a
  * fixed share of it. */
-static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per_thread) {
+static int parallel_for_local(range_fn fn, void *args, int64_t n, int threads, int per_thread,
+                              local_threads_fn local) {
     if (threads > n) threads = (int)n;
-    if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
+    if (threads <= 1) {
+        int saved = local && n > 0 ? local(1) : 0;
+        int status = n > 0 ? fn(args, 0, n) : 0;
+        if (local && n > 0) local(saved);
+        return status;
+    }
     int64_t pieces = (int64_t)threads * per_thread, next = 0;
     if (pieces > n) pieces = n;
     int status = 0;
 #pragma omp parallel num_threads(threads)
     {
-        int failed = 0;
+        int failed = 0, saved = local ? local(1) : 0;
         for (;;) {
             int64_t piece;
 #pragma omp atomic capture
@@ -68,6 +89,7 @@ static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per
             if (piece >= pieces) break;
             failed |= fn(args, n * piece / pieces, n * (piece + 1) / pieces);
         }
+        if (local) local(saved);
 #pragma omp atomic
         status |= failed;
     }
@@ -79,20 +101,25 @@ typedef struct {
     void *args;
     int64_t lo, hi;
     int status;
+    local_threads_fn local;
 } job_t;
 
 static void *run_job(void *p) {
     job_t *job = (job_t *)p;
+    int saved = job->local ? job->local(1) : 0;
     job->status = job->fn(job->args, job->lo, job->hi);
+    if (job->local) job->local(saved);
     return NULL;
 }
 
 /* Without OpenMP: one contiguous range per POSIX thread (the calling thread takes the first). */
-static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per_thread) {
+static int parallel_for_local(range_fn fn, void *args, int64_t n, int threads, int per_thread,
+                              local_threads_fn local) {
     (void)per_thread;
+    if (n <= 0) return 0;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > n) threads = (int)n;
-    if (threads <= 1) return n > 0 ? fn(args, 0, n) : 0;
+    if (threads < 1) threads = 1;
     job_t jobs[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started[MAX_THREADS];
@@ -102,6 +129,7 @@ static int parallel_for(range_fn fn, void *args, int64_t n, int threads, int per
         jobs[t].lo = n * t / threads;
         jobs[t].hi = n * (t + 1) / threads;
         jobs[t].status = 0;
+        jobs[t].local = local;
         started[t] = 0;
     }
     for (int t = 1; t < threads; t++)
@@ -709,6 +737,45 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         return total;                                                                             \
     }                                                                                             \
                                                                                                   \
+    /* out[j] = scale * <a, table[cols[j]]> for j < count (rows of n): four rows per pass over a,\
+     * with sixteen running sums each, so the sums of one pass are independent. */               \
+    static void dots_##SUFFIX(const T *a, const T *table, const int64_t *cols, int64_t count,     \
+                              int64_t n, T scale, T *out) {                                       \
+        int64_t j = 0;                                                                            \
+        for (; j + 4 <= count; j += 4) {                                                          \
+            const T *b0 = table + cols[j] * n, *b1 = table + cols[j + 1] * n;                     \
+            const T *b2 = table + cols[j + 2] * n, *b3 = table + cols[j + 3] * n;                 \
+            T s0[16] = {0}, s1[16] = {0}, s2[16] = {0}, s3[16] = {0};                             \
+            int64_t i = 0;                                                                        \
+            for (; i + 16 <= n; i += 16)                                                          \
+                for (int u = 0; u < 16; u++) {                                                    \
+                    const T x = a[i + u];                                                         \
+                    s0[u] += x * b0[i + u];                                                       \
+                    s1[u] += x * b1[i + u];                                                       \
+                    s2[u] += x * b2[i + u];                                                       \
+                    s3[u] += x * b3[i + u];                                                       \
+                }                                                                                 \
+            T t0 = 0, t1 = 0, t2 = 0, t3 = 0;                                                     \
+            for (; i < n; i++) {                                                                  \
+                t0 += a[i] * b0[i];                                                               \
+                t1 += a[i] * b1[i];                                                               \
+                t2 += a[i] * b2[i];                                                               \
+                t3 += a[i] * b3[i];                                                               \
+            }                                                                                     \
+            for (int u = 0; u < 16; u++) {                                                        \
+                t0 += s0[u];                                                                      \
+                t1 += s1[u];                                                                      \
+                t2 += s2[u];                                                                      \
+                t3 += s3[u];                                                                      \
+            }                                                                                     \
+            out[j] = scale * t0;                                                                  \
+            out[j + 1] = scale * t1;                                                              \
+            out[j + 2] = scale * t2;                                                              \
+            out[j + 3] = scale * t3;                                                              \
+        }                                                                                         \
+        for (; j < count; j++) out[j] = scale * dot_##SUFFIX(a, table + cols[j] * n, n);          \
+    }                                                                                             \
+                                                                                                  \
     typedef struct {                                                                              \
         const T *a, *table;                                                                       \
         const int64_t *idx;                                                                       \
@@ -925,7 +992,8 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         return status;                                                                            \
     }                                                                                             \
                                                                                                   \
-    int hop_topk_attend_##SUFFIX(gemm_##SUFFIX gemm, const T *q, const T *k, const T *v,          \
+    int hop_topk_attend_##SUFFIX(gemm_##SUFFIX gemm, local_threads_fn local, const T *q,          \
+                                  const T *k, const T *v,                                         \
                                   int64_t heads, int64_t length, int64_t size, int64_t dim,       \
                                   int64_t vdim, const int64_t *count, const int64_t *population,  \
                                   T scale, T n, int64_t rows, int64_t chunk, T *out,              \
@@ -938,8 +1006,8 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         }                                                                                         \
         attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
                                   upper, rows, chunk, scale, n, 0, out, idx_out, w_out};          \
-        return parallel_for(topk_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows), \
-                            threads, PIECES);                                                     \
+        return parallel_for_local(topk_attend_range_##SUFFIX, &a,                                 \
+                                  heads * ((length + rows - 1) / rows), threads, PIECES, local);  \
     }                                                                                             \
                                                                                                   \
     /* Random masks: work item = (batch-head, block of `rows` queries). Each query draws its     \
@@ -975,11 +1043,11 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
                 const T *qr = a->q + r * E;                                                       \
                 floyd_stream(a->seed, stream_id(r, &whole), count, a->population[r0 + i], taken,  \
                              picks);                                                              \
-                for (int64_t j = 0; j < count; j++) {                                             \
-                    taken[picks[j]] = 0;                                                          \
-                    w[j] = a->gemm ? scores[i * end + picks[j]]                                   \
-                                   : a->scale * dot_##SUFFIX(qr, kb + picks[j] * E, E);           \
-                }                                                                                 \
+                for (int64_t j = 0; j < count; j++) taken[picks[j]] = 0;                          \
+                if (a->gemm)                                                                      \
+                    for (int64_t j = 0; j < count; j++) w[j] = scores[i * end + picks[j]];        \
+                else                                                                              \
+                    dots_##SUFFIX(qr, kb, picks, count, E, a->scale, w);                          \
                 attend_query_##SUFFIX(a, r, w, picks, count, a->v + b * S * Ev);                  \
             }                                                                                     \
         }                                                                                         \
@@ -990,7 +1058,8 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         return status;                                                                            \
     }                                                                                             \
                                                                                                   \
-    int hop_sample_attend_##SUFFIX(gemm_##SUFFIX gemm, const T *q, const T *k, const T *v,        \
+    int hop_sample_attend_##SUFFIX(gemm_##SUFFIX gemm, local_threads_fn local, const T *q,        \
+                                    const T *k, const T *v,                                       \
                                     int64_t heads, int64_t length, int64_t size, int64_t dim,     \
                                     int64_t vdim, const int64_t *count, const int64_t *population,\
                                     uint64_t seed, T scale, T n, int64_t rows, T *out,            \
@@ -999,8 +1068,9 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
         attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
                                   upper, rows, 0, scale, n, seed, out, idx_out, w_out};           \
-        return parallel_for(sample_attend_range_##SUFFIX, &a, heads * ((length + rows - 1) / rows),\
-                            threads, PIECES);                                                     \
+        return parallel_for_local(sample_attend_range_##SUFFIX, &a,                               \
+                                  heads * ((length + rows - 1) / rows), threads, PIECES,          \
+                                  gemm ? local : NULL);                                           \
     }                                                                                             \
     /* dst[0..n) += alpha * src[0..n). */                                                       \
     static inline void axpy_##SUFFIX(T *dst, T alpha, const T *src, int64_t n) {                  \
@@ -1011,55 +1081,108 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
      * and Softmax_n weights w (BH·L, slots; the first count[i] of query i hold its keys) and the\
      * output gradient g (BH·L, Ev): per kept key dw_j = <g, v_j>, ds_j = scale w_j (dw_j -      \
      * sum_l w_l dw_l); dq = sum_j ds_j k_j, dk_j += ds_j q and dv_j += w_j g. Work item = one     \
-     * batch-head (its key rows gather from all its queries: no two threads write one row). */   \
+     * batch-head (its key rows gather from all its queries: no two threads write one row). With \
+     * a `gemm` (a large share of kept keys) blocks of `rows` queries run as dense products:     \
+     * dW = G V^T, dq = dS K, dk += dS^T Q, dv += W^T G with W and dS zero off the support;       \
+     * without, per kept key dot products and row updates. */                                    \
     typedef struct {                                                                              \
+        gemm_##SUFFIX gemm;                                                                       \
         const T *q, *k, *v, *w, *g;                                                               \
         const int64_t *idx, *count;                                                               \
-        int64_t length, size, dim, vdim, slots;                                                   \
+        int64_t length, size, dim, vdim, slots, rows;                                             \
         T scale;                                                                                  \
         T *dq, *dk, *dv;                                                                          \
     } backward_args_##SUFFIX;                                                                     \
                                                                                                   \
-    static int attend_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                  \
-        const backward_args_##SUFFIX *a = (const backward_args_##SUFFIX *)p;                      \
-        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, K = a->slots;         \
-        T *ds = (T *)malloc(sizeof(T) * (K > 0 ? K : 1));                                         \
-        if (!ds) return HOP_NO_MEMORY;                                                            \
-        for (int64_t b = lo; b < hi; b++) {                                                       \
-            const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;                              \
-            T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                  \
-            memset(dk, 0, sizeof(T) * S * E);                                                     \
-            memset(dv, 0, sizeof(T) * S * Ev);                                                    \
-            for (int64_t i = 0; i < L; i++) {                                                     \
-                const int64_t r = b * L + i, kept = a->count[i], *cols = a->idx + r * K;          \
-                const T *w = a->w + r * K, *g = a->g + r * Ev, *qr = a->q + r * E;                \
-                T inner = 0;                                                                      \
-                for (int64_t j = 0; j < kept; j++) {                                              \
-                    ds[j] = dot_##SUFFIX(g, vb + cols[j] * Ev, Ev);                               \
-                    inner += w[j] * ds[j];                                                        \
-                }                                                                                 \
-                for (int64_t j = 0; j < kept; j++) {                                              \
-                    ds[j] = a->scale * w[j] * (ds[j] - inner);                                    \
-                    axpy_##SUFFIX(dk + cols[j] * E, ds[j], qr, E);                                \
-                    axpy_##SUFFIX(dv + cols[j] * Ev, w[j], g, Ev);                                \
-                }                                                                                 \
-                weigh_row_##SUFFIX(ds, cols, kept, kb, E, a->dq + r * E);                         \
-            }                                                                                     \
-        }                                                                                         \
-        free(ds);                                                                                 \
-        return 0;                                                                                 \
+    /* One query r's ds (in place of its dw: ds_j = scale w_j (dw_j - sum_l w_l dw_l)). */       \
+    static void score_gradients_##SUFFIX(const T *w, T *ds, int64_t kept, T scale) {             \
+        T inner = 0;                                                                              \
+        for (int64_t j = 0; j < kept; j++) inner += w[j] * ds[j];                                 \
+        for (int64_t j = 0; j < kept; j++) ds[j] = scale * w[j] * (ds[j] - inner);                \
     }                                                                                             \
                                                                                                   \
-    int hop_attend_backward_##SUFFIX(const T *q, const T *k, const T *v, const int64_t *idx,      \
-                                      const T *w, const int64_t *count, const T *g,               \
-                                      int64_t heads, int64_t length, int64_t size, int64_t dim,   \
-                                      int64_t vdim, int64_t slots, T scale, T *dq, T *dk, T *dv,  \
-                                      int threads) {                                              \
+    /* Per kept key: dots with the values, ds, then the key rows' updates and dq. ds: slots. */ \
+    static void sparse_backward_##SUFFIX(const backward_args_##SUFFIX *a, int64_t b, T *ds) {     \
+        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, K = a->slots;         \
+        const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;                                  \
+        T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                      \
+        for (int64_t i = 0; i < L; i++) {                                                         \
+            const int64_t r = b * L + i, kept = a->count[i], *cols = a->idx + r * K;              \
+            const T *w = a->w + r * K, *g = a->g + r * Ev, *qr = a->q + r * E;                    \
+            dots_##SUFFIX(g, vb, cols, kept, Ev, 1, ds);                                          \
+            score_gradients_##SUFFIX(w, ds, kept, a->scale);                                      \
+            for (int64_t j = 0; j < kept; j++) {                                                  \
+                axpy_##SUFFIX(dk + cols[j] * E, ds[j], qr, E);                                    \
+                axpy_##SUFFIX(dv + cols[j] * Ev, w[j], g, Ev);                                    \
+            }                                                                                     \
+            weigh_row_##SUFFIX(ds, cols, kept, kb, E, a->dq + r * E);                             \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The dense blocks (see backward_args); dw, dense_w and dense_ds: rows * S scratch, the last \
+     * two zero on entry and on return. */                                                       \
+    static void dense_backward_##SUFFIX(const backward_args_##SUFFIX *a, int64_t b, T *ds, T *dw, \
+                                        T *dense_w, T *dense_ds) {                                \
+        const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, K = a->slots;         \
+        const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev, one = 1, zero = 0;               \
+        T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                      \
+        for (int64_t r0 = 0; r0 < L; r0 += a->rows) {                                             \
+            const int64_t m = a->rows < L - r0 ? a->rows : L - r0, first = b * L + r0;            \
+            const T *g = a->g + first * Ev, *qb = a->q + first * E;                               \
+            a->gemm("T", "N", &S, &m, &Ev, &one, vb, &Ev, g, &Ev, &zero, dw, &S); /* G V^T */     \
+            for (int64_t i = 0; i < m; i++) {                                                     \
+                const int64_t kept = a->count[r0 + i], *cols = a->idx + (first + i) * K;          \
+                const T *w = a->w + (first + i) * K;                                              \
+                for (int64_t j = 0; j < kept; j++) ds[j] = dw[i * S + cols[j]];                   \
+                score_gradients_##SUFFIX(w, ds, kept, a->scale);                                  \
+                for (int64_t j = 0; j < kept; j++) {                                              \
+                    dense_ds[i * S + cols[j]] = ds[j];                                            \
+                    dense_w[i * S + cols[j]] = w[j];                                              \
+                }                                                                                 \
+            }                                                                                     \
+            a->gemm("N", "N", &E, &m, &S, &one, kb, &E, dense_ds, &S, &zero, a->dq + first * E,  \
+                    &E); /* dq = dS K */                                                          \
+            a->gemm("N", "T", &E, &S, &m, &one, qb, &E, dense_ds, &S, &one, dk, &E);            \
+            a->gemm("N", "T", &Ev, &S, &m, &one, g, &Ev, dense_w, &S, &one, dv, &Ev);           \
+            for (int64_t i = 0; i < m; i++) { /* back to zeros */                                 \
+                const int64_t kept = a->count[r0 + i], *cols = a->idx + (first + i) * K;          \
+                for (int64_t j = 0; j < kept; j++) dense_ds[i * S + cols[j]] = 0;                 \
+                for (int64_t j = 0; j < kept; j++) dense_w[i * S + cols[j]] = 0;                  \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    static int attend_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                  \
+        const backward_args_##SUFFIX *a = (const backward_args_##SUFFIX *)p;                      \
+        const int64_t S = a->size, K = a->slots, block = a->gemm ? a->rows * S : 0;               \
+        T *values = (T *)malloc(sizeof(T) * (K + block + 1)); /* ds, then dw */                   \
+        T *dense = block ? (T *)calloc(2 * block, sizeof(T)) : NULL;                              \
+        const int status = !values || (block && !dense) ? HOP_NO_MEMORY : 0;                      \
+        for (int64_t b = status ? hi : lo; b < hi; b++) {                                         \
+            memset(a->dk + b * S * a->dim, 0, sizeof(T) * S * a->dim);                            \
+            memset(a->dv + b * S * a->vdim, 0, sizeof(T) * S * a->vdim);                          \
+            if (block)                                                                            \
+                dense_backward_##SUFFIX(a, b, values, values + K, dense, dense + block);          \
+            else                                                                                  \
+                sparse_backward_##SUFFIX(a, b, values);                                           \
+        }                                                                                         \
+        free(values);                                                                             \
+        free(dense);                                                                              \
+        return status;                                                                            \
+    }                                                                                             \
+                                                                                                  \
+    int hop_attend_backward_##SUFFIX(gemm_##SUFFIX gemm, local_threads_fn local, const T *q,      \
+                                      const T *k, const T *v,                                     \
+                                      const int64_t *idx, const T *w, const int64_t *count,       \
+                                      const T *g, int64_t heads, int64_t length, int64_t size,    \
+                                      int64_t dim, int64_t vdim, int64_t slots, int64_t rows,     \
+                                      T scale, T *dq, T *dk, T *dv, int threads) {                \
         for (int64_t i = 0; i < length; i++)                                                      \
-            if (count_outside(count[i], slots)) return HOP_BAD_COUNTS;                              \
-        backward_args_##SUFFIX a = {q, k, v, w, g, idx, count, length, size, dim, vdim, slots,    \
-                                    scale, dq, dk, dv};                                           \
-        return parallel_for(attend_backward_range_##SUFFIX, &a, heads, threads, PIECES);          \
+            if (count_outside(count[i], slots)) return HOP_BAD_COUNTS;                            \
+        backward_args_##SUFFIX a = {gemm, q, k, v, w, g, idx, count, length, size, dim, vdim,     \
+                                    slots, rows, scale, dq, dk, dv};                              \
+        return parallel_for_local(attend_backward_range_##SUFFIX, &a, heads, threads, PIECES,     \
+                                  gemm ? local : NULL);                                           \
     }                                                                                             \
                                                                                                   \
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
