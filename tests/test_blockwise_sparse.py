@@ -236,8 +236,12 @@ def test_topk_recomputed_equals_explicit(separation, structure, mask_kind, causa
     assert_same_values_and_grads(out, ref, (q, k, v, scale))
 
 
-def test_topk_recomputed_ties_match_topk() -> None:
-    """Duplicated keys tie at the K-th score: both paths keep the same K keys."""
+def test_topk_recomputed_ties_match_topk(monkeypatch) -> None:
+    """Duplicated keys tie at the K-th score: both paths keep the same K keys (the recomputed
+    path: the fused kernels compute their scores with their own BLAS product, whose rounding
+    may tell duplicated keys apart by an ulp; their ties are tested on exact scores in
+    tests/test_native.py)."""
+    monkeypatch.setattr(TopK, "_attends_fused", lambda *args: False)
     q, k, v = patterns(length=6, size=16)
     k = k.detach().clone()
     k[:, :, 8:] = k[:, :, :8]

@@ -1106,8 +1106,9 @@ class TopK(_GatheredStructure):
 
     ``K = k``, or ``K = max(1, int(fraction · valid keys))`` per query, where the valid keys are
     those the mask (and the causal rule) allow. Exactly ``K`` keys are kept (ties at the K-th
-    score keep some of the tied keys, the same in every path); every other key has weight
-    exactly 0.
+    score keep the first tied keys, the same in every path for the scores it computes; the fused
+    kernel below computes them with its own BLAS product, which may round the scores of
+    duplicated keys an ulp apart); every other key has weight exactly 0.
     A ``k`` above the number of valid keys (e.g. ``k > S``) keeps them all: the dense association.
     Any separation works over the kept scores (softmax, sparsemax, entmax, ...).
 
@@ -1120,6 +1121,12 @@ class TopK(_GatheredStructure):
     backward pass recomputes each query block's kept scores
     (:func:`topk_recomputed`), so training memory is
     ``O(L · K)`` plus one block.
+
+    Softmax_n with a number β and no dropout, weights or mask (the causal rule aside) runs in one
+    native kernel on the CPU (:func:`native.topk_attend`: per block of queries the score product,
+    each query's selection, weights and weighted sum in one parallel region, so a busy CPU does
+    not stall it); with gradients it saves the kept keys and weights ``(B, H, L, K)`` and
+    differentiates by hand over them (:func:`native.attend_backward`).
 
     Args:
         k: number of kept memories per query.
@@ -1714,9 +1721,13 @@ class RandomMask(_GatheredStructure):
     keys, keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k``
     smallest. Every path draws each query's subset uniformly among the allowed ``k``-subsets.
 
-    Without gradients, up to :data:`RANDOM_MASK_SELECT_UNTIL` keys (native kernels, no mask, no
-    ``force``, no dropout, no weights), the subsets are drawn and weighed on the full score
-    matrix in one kernel (:func:`native.sample_keep`).
+    Softmax_n with a number β and no mask, ``force``, dropout or weights runs in one native
+    kernel on the CPU (:func:`native.sample_attend`: the subsets drawn, scored, weighed and
+    summed in one parallel region; with gradients the hand backward
+    :func:`native.attend_backward` over the saved subsets and weights). Other separations
+    without gradients, up to :data:`RANDOM_MASK_SELECT_UNTIL` keys (native kernels, no mask, no
+    ``force``, no dropout, no weights), draw and weigh the subsets on the full score matrix in
+    one kernel (:func:`native.sample_keep`).
 
     Randomness and modes:
 
