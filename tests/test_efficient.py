@@ -1263,3 +1263,33 @@ def test_selected_softmax_with_gradients_equals_gathered_path(
         return associate(*inputs, separation=separation, structure=structure, scale=0.7)
 
     assert torch.autograd.gradcheck(fn, small)
+
+
+def test_fused_kernels_step_aside_for_dispatch_modes(monkeypatch, dispatch, kernel_path) -> None:
+    """Inside a dispatch mode (a FLOP counter, the plan's measurement) the association runs
+    PyTorch operations that the mode sees (the fused kernels' products would go uncounted), and
+    gives the same result."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import hopfield.functional.efficient as efficient
+
+    calls: list[str] = []
+    for name in ("topk_attend", "sample_attend"):
+        original = getattr(efficient.native, name)
+        monkeypatch.setattr(
+            efficient.native,
+            name,
+            lambda *a, _f=original, _n=name, **kw: calls.append(_n) or _f(*a, **kw),
+        )
+    q, k, v = (t.detach() for t in patterns(b=1, h=2, length=9, size=12, e=4, ev=4))
+    outside = []
+    for structure in (TopK(3), RandomMask(3, seed=0).eval()):
+        with FlopCounterMode(display=False) as counter:
+            counted = associate(q, k, v, structure=structure)
+        assert not calls
+        assert counter.get_total_flops() > 0
+        torch.testing.assert_close(counted, associate(q, k, v, structure=structure))
+        outside += calls
+        calls.clear()
+    if kernel_path == "native" and dispatch == "default":
+        assert outside == ["topk_attend", "sample_attend"]  # outside the mode: the kernels

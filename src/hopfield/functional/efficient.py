@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from hopfield.functional import native
 from hopfield.functional.separation import Separation, SoftmaxN
@@ -786,10 +787,12 @@ def _fused_applies(
 ) -> bool:
     """Whether an association can take a fused native kernel (:func:`native.topk_attend`,
     :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`): no dropout, weights
-    or mask (the causal rule aside), a Softmax_n separation with a number scale, and the native
-    kernels."""
+    or mask (the causal rule aside), a Softmax_n separation with a number scale, the native
+    kernels, and no dispatch mode (a FLOP counter such as the plan's, a tracer), which sees
+    PyTorch's operations only: the kernels' products would go uncounted."""
     return (
-        mask is None
+        not is_in_torch_dispatch_mode()
+        and mask is None
         and dropout == 0.0
         and not return_weights
         and isinstance(separation, SoftmaxN)

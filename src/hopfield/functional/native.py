@@ -10,6 +10,9 @@ one pass over the data:
   columns, the latter over columns that arrive in chunks;
 - :func:`topk_keep`: rows with their ``k`` largest entries kept in place (``-inf`` elsewhere),
   or the Softmax_n weights over them, for Top-K on a full score matrix;
+- :func:`topk_attend`, :func:`sample_attend` and :func:`attend_backward`: Top-K and random-mask
+  Softmax_n attention and its gradients, each in one parallel region (score products by the
+  BLAS PyTorch ships, found at run time, see :func:`attention_available`);
 - :func:`gather_dot`: ``out[r, j] = ⟨a[r], table[idx[r, j]]⟩``;
 - :func:`scatter_outer`: ``dst[idx[r, j]] += w[r, j] · src[r]`` (the gradient of
   :func:`gather_dot` with respect to its table).
