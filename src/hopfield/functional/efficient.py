@@ -361,6 +361,27 @@ class _GatheredStructure(Structure):
             and batch * heads * length * size <= self.max_block_elements
         )
 
+    def _attends_fused(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        dropout: float,
+        return_weights: bool,
+    ) -> bool:
+        """Whether the association takes the structure's fused native kernel (``_fused``):
+        :func:`_fused_applies` and what the structure's kernel needs (``_fused_ready``)."""
+        return _fused_applies(
+            q, k, v, separation, scale, mask, dropout, return_weights
+        ) and self._fused_ready(q, k, v)
+
+    def _fused_ready(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """What the structure's fused kernel needs besides :func:`_fused_applies`."""
+        raise NotImplementedError
+
     def _selection_fits(
         self,
         q: Tensor,
@@ -1227,22 +1248,9 @@ class TopK(_GatheredStructure):
             extra_per_query=upper + chunk,
         )
 
-    def _attends_fused(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        separation: Separation,
-        scale: Scale,
-        mask: Tensor | None,
-        dropout: float,
-        return_weights: bool,
-    ) -> bool:
-        """Whether the association takes :meth:`_fused`: :func:`_fused_applies` and a BLAS
-        product for the kernel (:func:`native.attention_available`)."""
-        return _fused_applies(
-            q, k, v, separation, scale, mask, dropout, return_weights
-        ) and native.attention_available(q, k, v)
+    def _fused_ready(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """A BLAS product for the kernel (:func:`native.attention_available`)."""
+        return native.attention_available(q, k, v)
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
@@ -1903,22 +1911,9 @@ class RandomMask(_GatheredStructure):
             self._call_generator = None
             self._call_seed = None
 
-    def _attends_fused(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        separation: Separation,
-        scale: Scale,
-        mask: Tensor | None,
-        dropout: float,
-        return_weights: bool,
-    ) -> bool:
-        """Whether the association takes :meth:`_fused`: no forced keys and
-        :func:`_fused_applies`."""
-        return self.force is None and _fused_applies(
-            q, k, v, separation, scale, mask, dropout, return_weights
-        )
+    def _fused_ready(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """No forced keys (the kernel draws every key of a subset)."""
+        return self.force is None
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
