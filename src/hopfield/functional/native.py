@@ -142,6 +142,7 @@ _SIGNATURES: dict[str, Sequence[type]] = {
 _EXPORTS = sorted(_SIGNATURES)
 _NO_MEMORY = 1  # HOP_NO_MEMORY of native_kernels.c
 _BAD_COUNTS = 2  # HOP_BAD_COUNTS
+_BAD_INDEX = 4  # HOP_BAD_INDEX
 _MANIFEST = "manifest.json"
 _TEMP_PREFIX = ".build-"
 _STALE_SECONDS = 3600.0  # a build takes seconds (its timeout is 300 s)
@@ -411,15 +412,18 @@ def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]
 
 def _run(name: str, dtype: torch.dtype | None, *arguments: object) -> None:
     """Call the kernel ``name`` (see :func:`_function`); a MemoryError if its scratch memory
-    could not be allocated, a ValueError if the attention kernels found bad counts."""
+    could not be allocated, a ValueError if the attention kernels found bad counts or
+    indices."""
     status = _function(name, dtype)(*arguments)
-    if status == _NO_MEMORY:
+    if status & _NO_MEMORY:
         raise MemoryError(f"the native kernel {name} could not allocate its scratch memory")
-    if status == _BAD_COUNTS:
+    if status & _BAD_COUNTS:
         raise ValueError(
             "count and population must hold, for every query, 0 <= count <= population <= S "
             "(the number of keys)"
         )
+    if status & _BAD_INDEX:
+        raise ValueError("support idx must hold key indices in [0, S)")
 
 
 # Element operations a thread should get before a kernel splits its rows: smaller calls run on
@@ -1019,8 +1023,7 @@ def attend_backward(
     where at least half the keys are kept."""
     q3, k3, v3, counts, _, _ = _attend_inputs(q, k, v, count, count)
     idx, weights = support
-    _support_outputs(support, q, counts)
-    _check_index(idx, k.shape[-2], "support idx")
+    _support_outputs(support, q, counts)  # the kernel checks the indices' range
     if grad.shape != (*q.shape[:-1], v.shape[-1]):
         raise ValueError(
             f"grad must have the output's shape {(*q.shape[:-1], v.shape[-1])}, got "

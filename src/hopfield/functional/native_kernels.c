@@ -22,7 +22,7 @@
  *
  * Every exported function returns 0, or HOP_NO_MEMORY when a scratch allocation failed (the
  * outputs are then incomplete; native.py raises MemoryError), or, for the attention kernels,
- * HOP_BAD_COUNTS (a ValueError there). The callers in native.py check
+ * HOP_BAD_COUNTS or HOP_BAD_INDEX (a ValueError there); the threads' codes are or-ed. The callers in native.py check
  * shapes, dtypes, index ranges and uniforms before they get here: the kernels trust them.
  */
 #include <math.h>
@@ -34,6 +34,7 @@
 #define MAX_THREADS 256
 #define HOP_NO_MEMORY 1
 #define HOP_BAD_COUNTS 2
+#define HOP_BAD_INDEX 4
 
 /* Work on the rows [lo, hi); returns 0 or HOP_NO_MEMORY. */
 typedef int (*range_fn)(void *args, int64_t lo, int64_t hi);
@@ -1157,8 +1158,15 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         const int64_t S = a->size, K = a->slots, block = a->gemm ? a->rows * S : 0;               \
         T *values = (T *)malloc(sizeof(T) * (K + block + 1)); /* ds, then dw */                   \
         T *dense = block ? (T *)calloc(2 * block, sizeof(T)) : NULL;                              \
-        const int status = !values || (block && !dense) ? HOP_NO_MEMORY : 0;                      \
+        int status = !values || (block && !dense) ? HOP_NO_MEMORY : 0;                            \
         for (int64_t b = status ? hi : lo; b < hi; b++) {                                         \
+            const int64_t *idx = a->idx + b * a->length * K;                                      \
+            int64_t outside = 0; /* the saved keys are checked here: one pass, no branch */      \
+            for (int64_t e = 0; e < a->length * K; e++) outside |= (idx[e] < 0) | (idx[e] >= S);  \
+            if (outside) {                                                                        \
+                status = HOP_BAD_INDEX;                                                           \
+                break;                                                                            \
+            }                                                                                     \
             memset(a->dk + b * S * a->dim, 0, sizeof(T) * S * a->dim);                            \
             memset(a->dv + b * S * a->vdim, 0, sizeof(T) * S * a->vdim);                          \
             if (block)                                                                            \
