@@ -859,17 +859,13 @@ def attention_available(*tensors: Tensor) -> bool:
     return available(*tensors) and _blas(tensors[0].dtype) is not None
 
 
-def _attend_inputs(
-    q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Checked inputs of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
-    ``v (..., S, Ev)`` with the same leading shape, as contiguous ``(BH, ·, ·)``; ``count`` and
-    ``population`` (or the slots' counts) as contiguous int64 ``(L,)``; and the output
-    ``(..., L, Ev)``."""
+def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Checked patterns of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
+    ``v (..., S, Ev)`` with the same leading shape, as contiguous ``(BH, ·, ·)``."""
     _float_dtype(q=q, k=k, v=v)
     for name, value in (("q", q), ("k", k), ("v", v)):
         _cpu_tensor(name, value, least_dims=2)
-    lead, length, dim = q.shape[:-2], q.shape[-2], q.shape[-1]
+    lead, dim = q.shape[:-2], q.shape[-1]
     if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != dim:
         raise ValueError(
             f"q (..., L, E), k (..., S, E) and v (..., S, Ev) must share their leading shape and "
@@ -877,14 +873,34 @@ def _attend_inputs(
         )
     if v.shape[-2] != k.shape[-2]:
         raise ValueError(f"k and v must hold the same S keys, got {k.shape[-2]} and {v.shape[-2]}")
-    counts, populations = _integers("count", count), _integers("population", population)
-    for name, value in (("count", counts), ("population", populations)):
-        if value.shape != (length,):
-            shape = tuple(value.shape)
-            raise ValueError(f"{name} must hold one integer per query, ({length},), got {shape}")
     heads = math.prod(lead)
     q3, k3, v3 = (t.reshape(heads, t.shape[-2], t.shape[-1]).contiguous() for t in (q, k, v))
-    out = q.new_empty(*lead, length, v.shape[-1])
+    return q3, k3, v3
+
+
+def _per_query(name: str, value: Tensor, length: int) -> Tensor:
+    """``value`` as contiguous int64 ``(L,)``: one integer per query (else a TypeError or
+    ValueError naming it)."""
+    integers = _integers(name, value)
+    if integers.shape != (length,):
+        shape = tuple(integers.shape)
+        raise ValueError(f"{name} must hold one integer per query, ({length},), got {shape}")
+    return integers
+
+
+def _attend_inputs(
+    q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Checked inputs of :func:`topk_attend` and :func:`sample_attend`: the patterns of
+    :func:`_attend_tensors`, ``count`` and ``population`` as contiguous int64 ``(L,)``, and the
+    output ``(..., L, Ev)``."""
+    q3, k3, v3 = _attend_tensors(q, k, v)
+    length = q.shape[-2]
+    counts, populations = (
+        _per_query("count", count, length),
+        _per_query("population", population, length),
+    )
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
     return q3, k3, v3, counts, populations, out
 
 
@@ -994,8 +1010,8 @@ def sample_attend(
     threads = _threads(heads * length * kept * (dim + v3.shape[-1]))
     rows = min(length, _ATTEND_SCORES // max(1, size), -(-heads * length // (4 * threads)))
     _run(
-        "hop_sample_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), heads,
-        length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
+        "hop_sample_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
+        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
         float(scale), float(n), max(1, rows), out.data_ptr(), idx_out, w_out, threads,
     )  # fmt: skip
     return out
@@ -1021,7 +1037,8 @@ def attend_backward(
     large share of kept keys, by BLAS products over blocks of queries with those matrices zero
     off the support (``True``, where a BLAS is found); ``None`` (default) takes the products
     where at least half the keys are kept."""
-    q3, k3, v3, counts, _, _ = _attend_inputs(q, k, v, count, count)
+    q3, k3, v3 = _attend_tensors(q, k, v)
+    counts = _per_query("count", count, q.shape[-2])
     idx, weights = support
     _support_outputs(support, q, counts)  # the kernel checks the indices' range
     if grad.shape != (*q.shape[:-1], v.shape[-1]):
