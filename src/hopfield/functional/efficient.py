@@ -769,17 +769,33 @@ def _softmax_selected_applies(
     dropout: float,
     return_weights: bool,
 ) -> bool:
-    """Whether a dense path with gradients can take :class:`_SelectedSoftmax`: the native
-    kernels, a Softmax_n separation, a number scale, a mask without gradients, no dropout, no
-    weights, and no autocast region (whose products would not be float32)."""
+    """Whether a dense path with gradients can take :class:`_SelectedSoftmax`:
+    :func:`_softmax_kernels_apply`, a mask without gradients, and no autocast region (whose
+    products would not be float32)."""
+    return (
+        _softmax_kernels_apply(q, k, v, separation, scale, dropout, return_weights)
+        and (mask is None or not mask.requires_grad)
+        and not torch.is_autocast_enabled(q.device.type)
+    )
+
+
+def _softmax_kernels_apply(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    separation: Separation,
+    scale: Scale,
+    dropout: float,
+    return_weights: bool,
+) -> bool:
+    """What every native Softmax_n path needs (:class:`_SelectedSoftmax`, the fused kernels):
+    the native kernels, a Softmax_n separation, a number scale, no dropout and no weights."""
     return (
         native.available(q, k, v)
         and isinstance(separation, SoftmaxN)
         and not isinstance(scale, Tensor)
-        and (mask is None or not mask.requires_grad)
         and dropout == 0.0
         and not return_weights
-        and not torch.is_autocast_enabled(q.device.type)
     )
 
 
@@ -807,18 +823,14 @@ def _fused_applies(
     return_weights: bool,
 ) -> bool:
     """Whether an association can take a fused native kernel (:func:`native.topk_attend`,
-    :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`): no dropout, weights
-    or mask (the causal rule aside), a Softmax_n separation with a number scale, the native
-    kernels, and no dispatch mode (a FLOP counter such as the plan's, a tracer), which sees
-    PyTorch's operations only: the kernels' products would go uncounted."""
+    :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`):
+    :func:`_softmax_kernels_apply`, no mask (the causal rule aside), and no dispatch mode (a
+    FLOP counter such as the plan's, a tracer), which sees PyTorch's operations only: the
+    kernels' products would go uncounted."""
     return (
         not is_in_torch_dispatch_mode()
         and mask is None
-        and dropout == 0.0
-        and not return_weights
-        and isinstance(separation, SoftmaxN)
-        and not isinstance(scale, Tensor)
-        and native.available(q, k, v)
+        and _softmax_kernels_apply(q, k, v, separation, scale, dropout, return_weights)
     )
 
 
