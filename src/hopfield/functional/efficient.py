@@ -159,6 +159,11 @@ def _check_positive_int(name: str, value: int) -> int:
     return value
 
 
+def kept_count(valid: Tensor, k: int | None, fraction: float | None) -> Tensor:
+    """How many of its ``valid`` keys each row keeps: :func:`support_size`, at most all."""
+    return torch.minimum(support_size(valid, k, fraction), valid)
+
+
 def support_size(valid: Tensor, k: int | None, fraction: float | None) -> Tensor:
     """The support size per row: ``k`` or ``max(1, int(fraction · valid))`` (never above ``valid``
     for ``fraction``; int64, same shape as ``valid``)."""
@@ -890,7 +895,7 @@ def _query_counts(
     only) and how many of them it keeps (``k``, or ``fraction`` of them, at most all). Cached
     (four small operations a call): the kernels only read them."""
     population = _valid_prefix(0, length, length, size, causal, device)
-    return torch.minimum(support_size(population, k, fraction), population), population
+    return kept_count(population, k, fraction), population
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2006,7 +2011,7 @@ class RandomMask(_GatheredStructure):
         size = scores.shape[-1]
         seen = _valid_prefix(start, start + scores.shape[-2], length, size, causal, scores.device)
         seen = seen.expand(scores.shape[:-1])
-        count = torch.minimum(support_size(seen, self.k, self.fraction), seen)
+        count = kept_count(seen, self.k, self.fraction)
         return functools.partial(
             native.sample_keep, scores, count, seen, self._stream_seed(), start=start,
             length=length, out=scores,
@@ -2110,7 +2115,7 @@ class RandomMask(_GatheredStructure):
             n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
                 batch, heads, rows
             )
-            count = torch.minimum(support_size(n, self.k, self.fraction), n)
+            count = kept_count(n, self.k, self.fraction)
             slots = int(count.max()) if count.numel() else 0
             slots = max(slots, 1)
 
@@ -2145,7 +2150,7 @@ class RandomMask(_GatheredStructure):
             allowed = allowed & (torch.arange(size, device=device) <= query + (size - length))
         allowed = allowed.expand(batch, heads, rows, size)
         n = allowed.sum(-1)
-        count = torch.minimum(support_size(n, self.k, self.fraction), n)
+        count = kept_count(n, self.k, self.fraction)
         slots = max(int(count.max()), 1)
         priority = self._rand((batch, heads, rows, size), device)
         excluded = n - count
