@@ -17,7 +17,9 @@ asserted). The rows come from
   N = 16k (``bench_efficient.sparse_memory``, one subprocess per case).
 
 Issue 31 adds the rows where users lose at other sizes and conditions (``conditions_rows``):
-every structure at N = 128 … 512 ÷ SDPA (target 1.1), random features at head size 128 and
+every structure at N = 128 … 512 ÷ SDPA (target 1.1), Top-K(64) and random masks on a batch of
+padded sequences at N = 128 and 512 ÷ SDPA with the same padding mask (target 1.1), random
+features at head size 128 and
 batch 8, ``retrieve`` with few queries (target 1.05), the ``Hopfield`` layer at batch 1 ÷
 ``nn.MultiheadAttention`` (target 1.1), ``Entmax(1.5)`` on flat rows and 1024 × 128 inputs
 (target 0.9), and, with ``--load N``, Top-K(64) and random-mask forward at N = 2k while ``N``
@@ -81,15 +83,25 @@ def busy_processes(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _attention_row(
-    model: str, n: int, backward: bool, repeats: int, target: float, **fields: object
+    model: str,
+    n: int,
+    backward: bool,
+    repeats: int,
+    target: float,
+    batch: int = 1,
+    padded: bool = False,
+    **fields: object,
 ) -> dict[str, Any]:
     import peers_sparse_attention
 
-    ours, sdpa = peers_sparse_attention.case(model, n, backward)
+    ours, sdpa = peers_sparse_attention.case(model, n, backward, batch=batch, padded=padded)
     label = f"{model} N={n} {'fwd+bwd' if backward else 'fwd'}"
-    extra = "".join(f" {key} {value}" for key, value in fields.items())
+    label += "".join(f" {key} {value}" for key, value in fields.items())
+    if padded:
+        label += f", B {batch} padded"
+        fields = {"batch": batch, "padded": True, **fields}
     return ratio_row(
-        label + extra, ours, sdpa, repeats, target=target, peer="dense SDPA", model=model, n=n,
+        label, ours, sdpa, repeats, target=target, peer="dense SDPA", model=model, n=n,
         backward=backward, **fields,
     )  # fmt: skip
 
@@ -102,6 +114,19 @@ def small_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
     return [
         _attention_row(model, n, backward, repeats, SMALL_TARGET)
         for model in peers_sparse_attention.MODELS
+        for n in sizes
+        for backward in (False, True)
+    ]
+
+
+def padded_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """Top-K(64) and random masks on a batch of padded sequences (B 4, lengths N, N/2, N, N/4,
+    the same padding mask for SDPA) ÷ SDPA: the small-N target of issue 31, item 2, for calls with
+    a padding mask (MIL bags, sentences of several lengths)."""
+    sizes = [128] if quick else [128, 512]
+    return [
+        _attention_row(model, n, backward, repeats, SMALL_TARGET, batch=4, padded=True)
+        for model in ("TopK(64)", "RandomMask(64)")
         for n in sizes
         for backward in (False, True)
     ]
@@ -237,6 +262,7 @@ def conditions_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
     """The rows of issue 31 that need no background load."""
     return [
         *small_rows(repeats, quick),
+        *padded_rows(repeats, quick),
         *random_feature_rows(repeats, quick),
         *few_query_rows(repeats, quick),
         *layer_rows(repeats, quick),

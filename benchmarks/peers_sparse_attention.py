@@ -46,20 +46,33 @@ def target(model: str, n: int) -> float:
     return 1.0 if n >= 2048 else float("inf")
 
 
-def case(model: str, n: int, backward: bool) -> tuple[Callable[[], object], Callable[[], object]]:
-    """``(ours, sdpa)``: one call each on the same inputs ``(1, 8, n, 64)``."""
+def padding_mask(batch: int, n: int) -> torch.Tensor:
+    """A padding mask ``(batch, 1, 1, n)`` for sequences of ``n``, ``n/2``, ``n`` and ``n/4`` keys
+    (in turn): what a batch of bags or sentences of several lengths looks like."""
+    lengths = torch.tensor([n, n // 2, n, n // 4]).repeat(-(-batch // 4))[:batch]
+    return (torch.arange(n) < lengths.view(batch, 1, 1, 1)).view(batch, 1, 1, n)
+
+
+def case(
+    model: str, n: int, backward: bool, *, batch: int = 1, padded: bool = False
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    """``(ours, sdpa)``: one call each on the same inputs ``(batch, 8, n, 64)``; ``padded``: both
+    with the same :func:`padding_mask`."""
     gen = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=gen).requires_grad_(backward) for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, 8, n, 64, generator=gen).requires_grad_(backward) for _ in range(3)
+    )
+    mask = padding_mask(batch, n) if padded else None
     structure = MODELS[model]()
     separation = Softmax()
 
     def ours() -> torch.Tensor:
-        out = associate(q, k, v, separation=separation, structure=structure)
+        out = associate(q, k, v, separation=separation, structure=structure, mask=mask)
         assert isinstance(out, torch.Tensor)
         return out
 
     def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def run(fn: Callable[[], torch.Tensor]) -> Callable[[], object]:
         if backward:

@@ -992,20 +992,42 @@ _FUSED_STRUCTURES = {
 }
 
 
+def _fused_mask(kind: str, length: int, size: int, dtype: torch.dtype) -> Tensor | None:
+    """None; a boolean mask per key ``(2, 1, 1, S)`` (padding: the second sequence keeps its
+    first third, the first loses key 1); the same as an additive mask with finite values, whose
+    second sequence has no key at all; or a mask per query (not the fused kernels')."""
+    gen = torch.Generator().manual_seed(7)
+    allowed = torch.ones(2, 1, 1, size, dtype=torch.bool)
+    allowed[1, ..., size // 3 :] = False
+    allowed[0, ..., 1] = False
+    if kind == "none":
+        return None
+    if kind == "padding":
+        return allowed
+    if kind == "additive":
+        allowed[1] = False
+        values = torch.randn(2, 1, 1, size, dtype=dtype, generator=gen)
+        return values.masked_fill(~allowed, -math.inf)
+    return torch.rand(2, 1, length, size, generator=gen) > 0.3
+
+
 @pytest.mark.parametrize("name", list(_FUSED_STRUCTURES))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(9, 12), (12, 9), (1, 30)])
 @pytest.mark.parametrize("separation", [Softmax(), SoftmaxN(1.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("grads", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "additive", "per-query"])
 def test_fused_kernels_equal_the_gathered_path(
-    monkeypatch, dispatch, kernel_path, name, causal, shape, separation, dtype, grads
+    monkeypatch, dispatch, kernel_path, name, causal, shape, separation, dtype, grads, mask_kind
 ) -> None:
     """Softmax_n Top-K and random masks run in one fused kernel (:func:`native.topk_attend`,
     :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`, whose backward is
     :func:`native.attend_backward`) and give the gathered path's association and gradients:
     fixed ``k`` and ``fraction``, several key chunks, ``k > S``, causal rows (with ``L > S``
-    some see no key), one query."""
+    some see no key), one query, masks per key (padding, additive, a sequence without keys:
+    random masks draw the same subsets on every path). A mask per query takes the other
+    paths."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
     import hopfield.functional.efficient as efficient
@@ -1023,7 +1045,8 @@ def test_fused_kernels_equal_the_gathered_path(
     )
     monkeypatch.setattr(TopK, "_selects_densely", lambda *args: False)
     monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
-    kwargs = {"separation": separation, "scale": 0.7, "causal": causal}
+    mask = _fused_mask(mask_kind, length, size, dtype)
+    kwargs = {"separation": separation, "scale": 0.7, "causal": causal, "mask": mask}
     structure = _FUSED_STRUCTURES[name]()
 
     def run() -> list[Tensor]:
@@ -1037,7 +1060,8 @@ def test_fused_kernels_equal_the_gathered_path(
     fused = run()
     if kernel == "topk_attend" and not efficient.native.attention_available(q):
         pytest.skip("no BLAS product found")
-    assert calls == [1]
+    per_query = mask_kind == "per-query" and length > 1  # one query: a mask per key
+    assert calls == ([] if per_query else [1])
     for cls in (TopK, RandomMask):  # the gathered path (with gradients: the recomputed one)
         monkeypatch.setattr(cls, "_attends_fused", lambda *args: False)
         monkeypatch.setattr(cls, "_dense_fits", lambda *args: False)
@@ -1180,12 +1204,13 @@ def test_random_mask_dense_sampling_is_uniform_seeded_and_thread_independent(
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("count", [{"k": 3}, {"fraction": 0.8}])
+@pytest.mark.parametrize("mask_kind", ["none", "padding"])
 def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
-    monkeypatch, dispatch, kernel_path, causal, count
+    monkeypatch, dispatch, kernel_path, causal, count, mask_kind
 ) -> None:
     """On the native kernels a call's subsets come from its streams: the fused kernel, the
     dense sampling, the gathered path in one block and in blocks of two queries give the same
-    association."""
+    association, also under a padding mask (the draws among each sequence's allowed keys)."""
     if dispatch == "gathered" or kernel_path != "native":
         pytest.skip("needs the native kernels; the test picks its paths itself")
     q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
@@ -1198,7 +1223,8 @@ def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
                 monkeypatch.setattr(RandomMask, "_samples_densely", lambda *args: False)
             budget = 2 * 2 * 2 * 12 if path == "blocks" else 1 << 23
             structure = RandomMask(**count, seed=4, max_block_elements=budget)
-            outs.append(associate(q, k, v, structure=structure, causal=causal))
+            mask = _fused_mask(mask_kind, 9, 12, D)
+            outs.append(associate(q, k, v, structure=structure, causal=causal, mask=mask))
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-12)
 

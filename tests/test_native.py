@@ -706,9 +706,14 @@ def test_sample_indices_are_sample_keeps_subsets_in_any_cut_of_the_queries() -> 
         native.sample_indices(3, population, 8, 42)  # type: ignore[arg-type]
 
 
-def _attention_reference(q, k, v, kept: torch.Tensor, scale: float, n: float) -> torch.Tensor:
-    """Softmax_n attention in float64 over the boolean support ``kept (..., L, S)``."""
+def _attention_reference(
+    q, k, v, kept: torch.Tensor, scale: float, n: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Softmax_n attention in float64 over the boolean support ``kept (..., L, S)``, with an
+    additive ``bias (..., S)`` per key if given."""
     scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.double().unsqueeze(-2).nan_to_num(neginf=0.0)
     z = scores.masked_fill(~kept, -math.inf)
     peak = z.amax(-1, keepdim=True).clamp_min(0 if n > 0 else -math.inf).nan_to_num(0, 0, 0)
     e = (z - peak).exp()
@@ -789,6 +794,80 @@ def test_sample_attend_weighs_sample_indices_subsets(dtype, n, product) -> None:
     torch.testing.assert_close(out.double(), ref, **tol)
 
 
+def _key_mask_counts(length: int, size: int, k: int, dtype: torch.dtype):
+    """A per-key bias ``(2, 3, S)`` (finite values, ``-inf`` on a random third of the keys, a
+    batch-head without keys), its allowed keys in order, the causal prefix ``(L,)``, and per
+    batch-head how many allowed keys each query sees and keeps ``(2, 3, L)``."""
+    gen = torch.Generator().manual_seed(size + length)
+    allowed = torch.rand(2, 3, size, generator=gen) > 0.35
+    allowed[1, 2] = False
+    bias = torch.randn(2, 3, size, generator=gen, dtype=dtype).masked_fill(~allowed, -math.inf)
+    prefix = (torch.arange(length) + size - length + 1).clamp(0, size)
+    valid = torch.nn.functional.pad(allowed.cumsum(-1), (1, 0))[..., prefix]
+    keys = torch.argsort((~allowed).to(torch.uint8), dim=-1, stable=True)
+    return bias, allowed, keys, prefix, valid, valid.clamp(max=k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length,size,k,chunk", [(9, 12, 3, 2048), (12, 9, 4, 4), (5, 300, 40, 64)])
+def test_fused_kernels_take_a_bias_per_key_and_counts_per_batch_head(
+    dtype, length, size, k, chunk
+) -> None:
+    """With an additive ``bias`` per key (``-inf``: excluded, whatever the score, NaN too) and
+    counts per batch-head ``(..., L)``: :func:`native.topk_attend` keeps each query's largest
+    biased scores among its allowed keys; :func:`native.sample_attend` with ``keys`` draws the
+    :func:`native.sample_indices` subsets of the allowed keys (mapped through ``keys``), in
+    product and dot modes; :func:`native.attend_backward` gives autograd's gradients (float64
+    references); a batch-head without keys gives zeros."""
+    if not native.attention_available(torch.zeros(1, dtype=dtype)):
+        pytest.skip("no BLAS product found")
+    gen = torch.Generator().manual_seed(length)
+    q, k_, v = (torch.randn(2, 3, m, 8, generator=gen, dtype=dtype) for m in (length, size, size))
+    bias, allowed, keys, prefix, valid, count = _key_mask_counts(length, size, k, dtype)
+    k_[0, 0, ~allowed[0, 0]] = math.nan  # an excluded key's NaN score stays excluded
+    visible = allowed.unsqueeze(-2) & (torch.arange(size) < prefix.unsqueeze(-1))
+    tol = {"rtol": 2e-5, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    slots = int(count.max())
+    support = (
+        torch.empty(2, 3, length, slots, dtype=torch.int64),
+        torch.empty(2, 3, length, slots, dtype=dtype),
+    )
+    out = native.topk_attend(
+        q, k_, v, count, prefix, scale=0.6, n=1.0, chunk=chunk, bias=bias, support=support
+    )
+    finite_k = k_.nan_to_num(0.0)
+    scores = (q.double() @ finite_k.double().transpose(-1, -2)) * 0.6 + bias.double().unsqueeze(-2)
+    top = scores.masked_fill(~visible, -math.inf).topk(min(k, size), dim=-1).indices
+    ranks = torch.arange(min(k, size)).expand_as(top)
+    kept = torch.zeros_like(visible).scatter(-1, top, ranks < count.unsqueeze(-1))
+    ref = _attention_reference(q, finite_k, v, kept, 0.6, 1.0, bias)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    assert not out[1, 2].any()
+    grad = torch.randn(out.shape, generator=gen, dtype=dtype)
+    inputs = [t.double().requires_grad_() for t in (q, finite_k, v)]
+    expected = torch.autograd.grad(
+        _attention_reference(*inputs, kept, 0.6, 1.0, bias), inputs, grad.double()
+    )
+    for product in (True, False):
+        ours = native.attend_backward(
+            q, finite_k, v, support, count, grad, scale=0.6, product=product
+        )
+        for got, want in zip(ours, expected, strict=True):
+            torch.testing.assert_close(got.double(), want, rtol=tol["rtol"], atol=10 * tol["atol"])
+    q, k_ = q.nan_to_num(0.0), finite_k
+    drawn = native.sample_indices(count, valid, slots, 9)
+    mapped = keys.gather(-1, drawn.view(2, 3, -1)).view(drawn.shape)
+    marks = (torch.arange(slots) < count.unsqueeze(-1)).long()
+    kept = torch.zeros(2, 3, length, size, dtype=torch.long).scatter_add(-1, mapped, marks) > 0
+    assert not (kept & ~visible).any() and torch.equal(kept.sum(-1), count)
+    ref = _attention_reference(q, k_, v, kept, 0.6, 1.0, bias)
+    for product in (True, False):
+        out = native.sample_attend(
+            q, k_, v, count, valid, 9, scale=0.6, n=1.0, product=product, bias=bias, keys=keys
+        )
+        torch.testing.assert_close(out.double(), ref, **tol)
+
+
 def test_fused_attention_kernels_reject_bad_arguments() -> None:
     """Counts outside ``0 <= count <= population <= S``, counts of the wrong shape, mismatched
     shapes or dtypes and bad seeds are refused with errors that name them."""
@@ -817,6 +896,16 @@ def test_fused_attention_kernels_reject_bad_arguments() -> None:
         native.sample_attend(q, k, v.double(), *good, 1, scale=1.0)
     with pytest.raises(ValueError, match="seed"):
         native.sample_attend(q, k, v, *good, -1, scale=1.0)
+    with pytest.raises(ValueError, match=r"bias must hold one entry per key of each batch-head"):
+        native.sample_attend(q, k, v, *good, 1, scale=1.0, bias=torch.zeros(2, 4))
+    with pytest.raises(TypeError, match=r"bias must be torch\.float32"):
+        native.sample_attend(q, k, v, *good, 1, scale=1.0, bias=torch.zeros(2, 5).double())
+    with pytest.raises(ValueError, match=r"keys must hold indices in \[0, 5\)"):
+        native.sample_attend(q, k, v, *good, 1, scale=1.0, keys=torch.full((2, 5), 5))
+    with pytest.raises(
+        ValueError, match=r"count must hold one integer per query, \(4,\) or \(2, 4\)"
+    ):
+        native.sample_attend(q, k, v, torch.full((3, 4), 2), good[1], 1, scale=1.0)
 
 
 def test_fused_attention_of_empty_calls_and_without_blas(monkeypatch) -> None:

@@ -348,6 +348,8 @@ class _GatheredStructure(Structure):
 
     max_block_elements: int
     dense_until: int | None
+    k: int | None  # the support size, or
+    fraction: float | None  # the share of the valid keys kept
 
     def _block_length(self, batch_heads: int, per_query: int, length: int) -> int:
         return max(1, min(length, self.max_block_elements // max(1, batch_heads * per_query)))
@@ -386,6 +388,27 @@ class _GatheredStructure(Structure):
     def _fused_ready(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """What the structure's fused kernel needs besides :func:`_fused_applies`."""
         raise NotImplementedError
+
+    def _kernel_counts(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool
+    ) -> _KernelCounts:
+        """Each query's keys for the fused kernels: without a mask the cached
+        :func:`_query_counts`; with a per-key mask (:func:`_per_key_mask`) its additive bias
+        ``(B, H, S)`` (``-inf`` where a key is masked) and per batch-head counts ``(B, H, L)``
+        of the allowed keys within each query's causal prefix and of those it keeps."""
+        length, size = q.shape[-2], k.shape[-2]
+        if mask is None:
+            count, prefix = _query_counts(self.k, self.fraction, length, size, causal, q.device)
+            return _KernelCounts(count, prefix, prefix, None)
+        bias = additive_bias(mask, q.dtype)
+        assert bias is not None
+        bias = bias.expand(*q.shape[:-2], 1, size)[..., 0, :]
+        allowed = torch.isfinite(bias)  # as every other path: +inf and NaN are masked too
+        bias = bias.masked_fill(~allowed, -math.inf)
+        prefix = _valid_prefix(0, length, length, size, causal, q.device)
+        valid = _allowed_within(allowed, prefix)
+        count = kept_count(valid, self.k, self.fraction)
+        return _KernelCounts(count, prefix, valid, bias, allowed)
 
     def _selection_fits(
         self,
@@ -829,14 +852,53 @@ def _fused_applies(
 ) -> bool:
     """Whether an association can take a fused native kernel (:func:`native.topk_attend`,
     :func:`native.sample_attend`; with gradients :class:`_FusedSoftmax`):
-    :func:`_softmax_kernels_apply`, no mask (the causal rule aside), and no dispatch mode (a
-    FLOP counter such as the plan's, a tracer), which sees PyTorch's operations only: the
-    kernels' products would go uncounted."""
+    :func:`_softmax_kernels_apply`, no mask but one per key (:func:`_per_key_mask`; the causal
+    rule aside), and no dispatch mode (a FLOP counter such as the plan's, a tracer), which sees
+    PyTorch's operations only: the kernels' products would go uncounted."""
     return (
         not is_in_torch_dispatch_mode()
-        and mask is None
+        and (mask is None or _per_key_mask(mask))
         and _softmax_kernels_apply(q, k, v, separation, scale, dropout, return_weights)
     )
+
+
+def _per_key_mask(mask: Tensor) -> bool:
+    """Whether a normalized mask (4-D, boolean or the queries' dtype) is the same for every
+    query, ``(B|1, H|1, 1, S|1)`` (a padding mask), and has no gradient: the fused kernels'
+    ``bias``."""
+    return mask.shape[-2] == 1 and not mask.requires_grad
+
+
+@dataclass(frozen=True)
+class _KernelCounts:
+    """What the fused kernels are told of each query's keys (see :meth:`_GatheredStructure.
+    _kernel_counts`): ``count`` kept, ``prefix`` the keys the causal rule lets it see (``(L,)``),
+    ``valid`` how many of them the mask allows, ``bias`` the mask per key ``(B, H, S)`` and
+    ``allowed`` where it is finite (``None`` without a mask: then ``count`` is ``(L,)`` and
+    ``valid`` is ``prefix``)."""
+
+    count: Tensor
+    prefix: Tensor
+    valid: Tensor
+    bias: Tensor | None = None
+    allowed: Tensor | None = None
+
+    def allowed_keys(self) -> Tensor | None:
+        """:func:`_allowed_keys` of the mask (``None`` without one)."""
+        return None if self.allowed is None else _allowed_keys(self.allowed)
+
+
+def _allowed_within(allowed: Tensor, prefix: Tensor) -> Tensor:
+    """How many of its first ``prefix`` keys (int64 ``(Lc,)``) each query may see, given the
+    keys each batch-head allows (``allowed``, boolean ``(B, H, S)``): ``(B, H, Lc)``."""
+    return F.pad(allowed.cumsum(-1), (1, 0))[..., prefix]
+
+
+def _allowed_keys(allowed: Tensor) -> Tensor:
+    """Each batch-head's allowed keys (``allowed``, boolean ``(B, H, S)``) in increasing order,
+    then the others: int64 ``(B, H, S)``; the first ``n`` allowed keys of a row are its first
+    ``n`` entries."""
+    return torch.argsort((~allowed).to(torch.uint8), dim=-1, stable=True)
 
 
 class _FusedSoftmax(torch.autograd.Function):
@@ -1163,7 +1225,8 @@ class TopK(_GatheredStructure):
     (:func:`topk_recomputed`), so training memory is
     ``O(L · K)`` plus one block.
 
-    Softmax_n with a number β and no dropout, weights or mask (the causal rule aside) runs in one
+    Softmax_n with a number β and no dropout or weights, with no mask or one per key (a padding
+    mask, ``(B|1, H|1, 1, S)``; the causal rule aside), runs in one
     native kernel on the CPU (:func:`native.topk_attend`: per block of queries the score product,
     each query's selection, weights and weighted sum in one parallel region, so a busy CPU does
     not stall it); with gradients it saves the kept keys and weights ``(B, H, L, K)`` and
@@ -1224,7 +1287,7 @@ class TopK(_GatheredStructure):
     ) -> tuple[Tensor, Tensor | None]:
         """Top-K association; see the class docstring. Returns ``(out (B, H, L, Ev), weights)``."""
         if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
-            return self._fused(q, k, v, separation, scale, causal), None
+            return self._fused(q, k, v, separation, scale, mask, causal), None
         if self._selects_densely(q, k, v, scale, dropout, return_weights):
             return self._dense_selected(q, k, v, separation, scale, mask, causal), None
         if self._dense_fits(q, k, v, scale):
@@ -1270,7 +1333,14 @@ class TopK(_GatheredStructure):
         return native.attention_available(q, k, v)
 
     def _fused(
-        self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
     ) -> Tensor:
         """The association in one native kernel (:func:`native.topk_attend`): per block of
         queries the score product, each query's ``K`` largest allowed scores (the keys of
@@ -1278,19 +1348,18 @@ class TopK(_GatheredStructure):
         :class:`_FusedSoftmax`."""
         assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
         size = k.shape[-2]
-        count, population = _query_counts(
-            self.k, self.fraction, q.shape[-2], size, causal, q.device
-        )
+        counts = self._kernel_counts(q, k, mask, causal)
         chunk = self.key_chunk(size, upper_count(self.k, self.fraction, size), True)
         attend = functools.partial(
             native.topk_attend,
-            count=count,
-            population=population,
+            count=counts.count,
+            population=counts.prefix,
+            bias=counts.bias,
             scale=scale,
             n=separation.n,
             chunk=chunk,
         )
-        return _fused_association(q, k, v, count, scale, attend)
+        return _fused_association(q, k, v, counts.count, scale, attend)
 
     def _selects_densely(
         self, q: Tensor, k: Tensor, v: Tensor, scale: Scale, dropout: float, return_weights: bool
@@ -1738,19 +1807,19 @@ class RandomMask(_GatheredStructure):
     directly or as ``max(1, int(fraction · valid keys))`` (``fraction`` = share *kept*; the
     paper's "mask probability" p is ``1 - fraction``).
 
-    Sampling: on the native CPU kernels, without a mask or ``force``, each query draws Floyd's
-    algorithm on its own random stream, keyed by one seed per call (from the generator below)
-    and the query's place in the call (:func:`native.sample_indices`,
-    :func:`native.sample_keep`): every path and every cut into query blocks sees the same
-    subsets. Otherwise, without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key
+    Sampling: on the native CPU kernels, without ``force`` and with no mask or one per key (a
+    padding mask, ``(B|1, H|1, 1, S)``), each query draws Floyd's algorithm on its own random
+    stream, keyed by one seed per call (from the generator below) and the query's place in the
+    call (:func:`native.sample_indices`, :func:`native.sample_keep`), among the keys the mask
+    allows: every path and every cut into query blocks sees the same subsets. Otherwise, without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key
     indices are drawn directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws
     whose repeats are redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the
     rows that keep more than half their keys); else uniform random priorities over the allowed
     keys, keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k``
     smallest. Every path draws each query's subset uniformly among the allowed ``k``-subsets.
 
-    Softmax_n with a number β and no mask, ``force``, dropout or weights runs in one native
-    kernel on the CPU (:func:`native.sample_attend`: the subsets drawn, scored, weighed and
+    Softmax_n with a number β and no ``force``, dropout or weights, with no mask or one per key,
+    runs in one native kernel on the CPU (:func:`native.sample_attend`: the subsets drawn, scored, weighed and
     summed in one parallel region; with gradients the hand backward
     :func:`native.attend_backward` over the saved subsets and weights). Other separations
     without gradients, up to :data:`RANDOM_MASK_SELECT_UNTIL` keys (native kernels, no mask, no
@@ -1895,7 +1964,7 @@ class RandomMask(_GatheredStructure):
         self._call_generator = self._generator_for(q.device)
         try:
             if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
-                return self._fused(q, k, v, separation, scale, causal), None
+                return self._fused(q, k, v, separation, scale, mask, causal), None
             if self._samples_densely(q, k, v, scale, mask, dropout, return_weights):
                 return self._dense_sampled(q, k, v, separation, scale, causal), None
             if self._dense_fits(q, k, v, scale):
@@ -1933,26 +2002,32 @@ class RandomMask(_GatheredStructure):
         return self.force is None
 
     def _fused(
-        self, q: Tensor, k: Tensor, v: Tensor, separation: Separation, scale: Scale, causal: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        separation: Separation,
+        scale: Scale,
+        mask: Tensor | None,
+        causal: bool,
     ) -> Tensor:
         """The association in one native kernel (:func:`native.sample_attend`): each query's
-        subset drawn on this call's streams (the subsets of every other native path), its
-        scores, Softmax_n weights and weighted sum; with gradients through
-        :class:`_FusedSoftmax`."""
+        subset drawn on this call's streams among the keys its mask allows (without a mask the
+        subsets of every other native path), its scores, Softmax_n weights and weighted sum;
+        with gradients through :class:`_FusedSoftmax`."""
         assert isinstance(separation, SoftmaxN) and not isinstance(scale, Tensor)
-        size = k.shape[-2]
-        count, population = _query_counts(
-            self.k, self.fraction, q.shape[-2], size, causal, q.device
-        )
+        counts = self._kernel_counts(q, k, mask, causal)
         attend = functools.partial(
             native.sample_attend,
-            count=count,
-            population=population,
+            count=counts.count,
+            population=counts.valid,
             seed=self._stream_seed(),
             scale=scale,
             n=separation.n,
+            bias=counts.bias,
+            keys=counts.allowed_keys(),
         )
-        return _fused_association(q, k, v, count, scale, attend)
+        return _fused_association(q, k, v, counts.count, scale, attend)
 
     def _samples_densely(
         self,
@@ -2075,6 +2150,34 @@ class RandomMask(_GatheredStructure):
             return_weights=return_weights,
         )
 
+    def _streamed_among(
+        self,
+        bias: Tensor,
+        batch: int,
+        heads: int,
+        start: int,
+        rows: int,
+        length: int,
+        causal: bool,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The subsets of queries ``start .. start + rows - 1`` under a per-key ``bias``
+        (``(B|1, H|1, 1, S)``): each query's draw on this call's streams
+        (:func:`native.sample_indices`) among the allowed keys of its causal prefix, mapped to
+        their key indices: the subsets of the fused kernel (:func:`native.sample_attend` with
+        ``keys``). Returns ``(idx, keep, None)`` as :meth:`_support`."""
+        size = bias.shape[-1]
+        allowed = torch.isfinite(bias[..., 0, :]).expand(batch, heads, size)
+        prefix = _valid_prefix(start, start + rows, length, size, causal, bias.device)
+        n = _allowed_within(allowed, prefix)
+        count = kept_count(n, self.k, self.fraction)
+        slots = max(int(count.max()) if count.numel() else 0, 1)
+        drawn = native.sample_indices(
+            count, n, slots, self._stream_seed(), start=start, length=length
+        )
+        idx = _allowed_keys(allowed).gather(-1, drawn.view(batch, heads, rows * slots))
+        keep = torch.arange(slots, device=bias.device) < count.unsqueeze(-1)
+        return idx.view(drawn.shape), (None if bool(keep.all()) else keep), None
+
     def _forced(
         self, batch: int, heads: int, start: int, stop: int, length: int, device: torch.device
     ) -> Tensor | None:
@@ -2111,6 +2214,8 @@ class RandomMask(_GatheredStructure):
             raise ValueError(f"force must hold key indices in [0, {size}), got values outside")
         upper = upper_count(self.k, self.fraction, size)
         streams = forced is None and native.usable_on(device)
+        if streams and bias is not None and bias.shape[-2] == 1:
+            return self._streamed_among(bias, batch, heads, start, rows, length, causal)
         if bias is None and (streams or _index_sampler_applies(upper, size, causal)):
             n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
                 batch, heads, rows

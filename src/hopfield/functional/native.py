@@ -120,15 +120,16 @@ _SIGNATURES: dict[str, Sequence[type]] = {
             ],
             "hop_topk_attend": [
                 *(_PTR, _PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
-                *(real, real, _INT64, _INT64, _PTR, _PTR, _PTR, ctypes.c_int),
+                *(_INT64, _INT64, _PTR, real, real, _INT64, _INT64, _PTR, _PTR, _PTR, ctypes.c_int),
             ],
             "hop_sample_attend": [
                 *(_PTR, _PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, _PTR, _PTR),
-                *(ctypes.c_uint64, real, real, _INT64, _PTR, _PTR, _PTR, ctypes.c_int),
+                *(_INT64, _INT64, _PTR, _PTR, ctypes.c_uint64, real, real, _INT64, _PTR, _PTR),
+                *(_PTR, ctypes.c_int),
             ],
             "hop_attend_backward": [
-                *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64),
-                *(_INT64, _INT64, _INT64, _INT64, real, _PTR, _PTR, _PTR, ctypes.c_int),
+                *(_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _INT64, _INT64),
+                *(_INT64, _INT64, _INT64, _INT64, _INT64, real, _PTR, _PTR, _PTR, ctypes.c_int),
             ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
             "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
@@ -878,30 +879,58 @@ def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Te
     return q3, k3, v3
 
 
-def _per_query(name: str, value: Tensor, length: int) -> Tensor:
-    """``value`` as contiguous int64 ``(L,)``: one integer per query (else a TypeError or
-    ValueError naming it)."""
+def _per_query(name: str, value: Tensor, queries: torch.Size) -> tuple[Tensor, int]:
+    """``value`` as contiguous int64 with its stride per batch-head: one integer per query,
+    ``(L,)`` for every batch-head (stride 0) or ``(..., L)``, the queries' shape ``queries``
+    (stride ``L``); else a TypeError or ValueError naming it."""
     integers = _integers(name, value)
-    if integers.shape != (length,):
-        shape = tuple(integers.shape)
-        raise ValueError(f"{name} must hold one integer per query, ({length},), got {shape}")
-    return integers
+    length = queries[-1]
+    if integers.shape == (length,):
+        return integers, 0
+    if integers.shape == queries:
+        return integers, length
+    raise ValueError(
+        f"{name} must hold one integer per query, ({length},) or {tuple(queries)}, got "
+        f"{tuple(integers.shape)}"
+    )
+
+
+def _per_key(name: str, value: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+    """``value`` (``None`` or one entry per key of each batch-head, ``(..., S)`` with ``q``'s
+    leading shape) made contiguous; else a ValueError naming it."""
+    if value is None:
+        return None
+    value = _cpu_tensor(name, value)
+    shape = (*q.shape[:-2], k.shape[-2])
+    if value.shape != shape:
+        raise ValueError(
+            f"{name} must hold one entry per key of each batch-head, {shape}, got "
+            f"{tuple(value.shape)}"
+        )
+    return value.contiguous()
 
 
 def _attend_inputs(
-    q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor, bias: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, tuple[int, int], Tensor]:
     """Checked inputs of :func:`topk_attend` and :func:`sample_attend`: the patterns of
-    :func:`_attend_tensors`, ``count`` and ``population`` as contiguous int64 ``(L,)``, and the
-    output ``(..., L, Ev)``."""
+    :func:`_attend_tensors`, ``count`` and ``population`` as contiguous int64 (see
+    :func:`_per_query`), the per-key ``bias`` (``q``'s dtype), the two strides and the output
+    ``(..., L, Ev)``."""
     q3, k3, v3 = _attend_tensors(q, k, v)
-    length = q.shape[-2]
-    counts, populations = (
-        _per_query("count", count, length),
-        _per_query("population", population, length),
-    )
+    counts, count_stride = _per_query("count", count, q.shape[:-1])
+    populations, population_stride = _per_query("population", population, q.shape[:-1])
+    bias = _per_key("bias", bias, q, k)
+    if bias is not None:
+        _float_dtype(q=q, bias=bias)
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
-    return q3, k3, v3, counts, populations, out
+    strides = (count_stride, population_stride)
+    return q3, k3, v3, counts, populations, bias, strides, out
+
+
+def _pointer(tensor: Tensor | None) -> int | None:
+    """``tensor``'s data pointer, ``None`` (a NULL pointer) for ``None``."""
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _support_outputs(
@@ -945,19 +974,25 @@ def topk_attend(
     scale: float,
     n: float = 0.0,
     chunk: int = 2048,
+    bias: Tensor | None = None,
     support: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Top-K Softmax_n attention without autograd, in one parallel region: query ``i`` of
-    ``q (..., L, E)`` keeps the ``count[i]`` largest of its scores ``scale · ⟨q, k_j⟩`` over its
-    first ``population[i]`` keys of ``k (..., S, E)`` (the keys of :func:`topk`: first columns
-    among ties, NaN largest) and returns ``Σ softmax_n(kept)_j v_j``, ``(..., L, Ev)``. The
-    scores of a block of queries and ``chunk`` keys come from the BLAS product (see
-    :func:`attention_available`) on the thread that ranks them. ``count`` and ``population``
-    are integer ``(L,)`` with ``0 <= count <= population <= S`` (else a ValueError); a query
-    keeping nothing gives zeros. ``support = (idx, weights)``, contiguous ``(..., L, K)`` with
+    ``q (..., L, E)`` keeps the ``count[i]`` largest of its scores ``scale · ⟨q, k_j⟩ + bias_j``
+    over its first ``population[i]`` keys of ``k (..., S, E)`` (the keys of :func:`topk`: first
+    columns among ties, NaN largest; a key whose bias is ``-inf`` scores ``-inf`` whatever its
+    product) and returns ``Σ softmax_n(kept)_j v_j``, ``(..., L, Ev)``. The scores of a block
+    of queries and ``chunk`` keys come from the BLAS product (see :func:`attention_available`)
+    on the thread that ranks them. ``count`` and ``population`` are integer, ``(L,)`` for every
+    batch-head or ``(..., L)`` one row each, with ``0 <= count <= population <= S`` (else a
+    ValueError); a query keeping nothing gives zeros, one keeping more keys than its bias
+    allows gives the excluded ones weight 0. ``bias``: ``None`` or an additive mask per key
+    ``(..., S)`` (``q``'s dtype). ``support = (idx, weights)``, contiguous ``(..., L, K)`` with
     ``K = max(count)`` (int64 and ``q``'s dtype), receives each query's kept keys and weights
     in its first ``count[i]`` slots, 0 in the others (for :func:`attend_backward`)."""
-    q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    q3, k3, v3, counts, populations, bias, strides, out = _attend_inputs(
+        q, k, v, count, population, bias
+    )
     idx_out, w_out = _support_outputs(support, q, counts)
     gemm, local = _blas_pointers(q.dtype)
     if gemm is None:
@@ -971,7 +1006,8 @@ def topk_attend(
     _run(
         "hop_topk_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
         heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
-        float(scale), float(n), max(1, rows), chunk, out.data_ptr(), idx_out, w_out, threads,
+        *strides, _pointer(bias), float(scale), float(n), max(1, rows), chunk, out.data_ptr(),
+        idx_out, w_out, threads,
     )  # fmt: skip
     return out
 
@@ -987,23 +1023,33 @@ def sample_attend(
     scale: float,
     n: float = 0.0,
     product: bool | None = None,
+    bias: Tensor | None = None,
+    keys: Tensor | None = None,
     support: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Random-mask Softmax_n attention without autograd, in one parallel region: query ``i``
     of ``q (..., L, E)`` keeps a uniform subset of ``count[i]`` of its first ``population[i]``
     keys, drawn on its stream of ``seed`` (the subsets of :func:`sample_indices` and
     :func:`sample_keep` for the whole ``(..., L)`` call), and returns
-    ``Σ softmax_n(scale · ⟨q, k_j⟩)_j v_j`` over them, ``(..., L, Ev)``. ``count`` and
-    ``population`` as in :func:`topk_attend`. The kept scores come from a block's product
-    with all its keys by the BLAS (``product=True``, where one is found) or from one dot
-    product each (``False``); ``None`` (default) takes the product where at least one key in
-    :data:`_PRODUCT_SHARE` is kept. ``support`` as in :func:`topk_attend`."""
-    q3, k3, v3, counts, populations, out = _attend_inputs(q, k, v, count, population)
+    ``Σ softmax_n(scale · ⟨q, k_j⟩ + bias_j)_j v_j`` over them, ``(..., L, Ev)``. With
+    ``keys``, integer ``(..., S)``: each batch-head's allowed keys in increasing order (in
+    ``[0, S)``, else a ValueError; entries past the allowed ones are not read), the draw is
+    among the first ``population[i]`` of them instead. ``count``, ``population`` and ``bias``
+    as in :func:`topk_attend`. The kept scores come from a block's product with all its keys by
+    the BLAS (``product=True``, where one is found) or from one dot product each (``False``);
+    ``None`` (default) takes the product where at least one key in :data:`_PRODUCT_SHARE` is
+    kept. ``support`` as in :func:`topk_attend`."""
+    q3, k3, v3, counts, populations, bias, strides, out = _attend_inputs(
+        q, k, v, count, population, bias
+    )
+    allowed = _per_key("keys", keys, q, k)
+    if allowed is not None:
+        allowed = _check_index(allowed, k.shape[-2], "keys")
     idx_out, w_out = _support_outputs(support, q, counts)
     _stream_rows(q.shape[:-1], seed, 0, None)
     heads, length, dim = q3.shape
     size = k3.shape[-2]
-    kept = int(counts.max()) if length else 0
+    kept = int(counts.max()) if counts.numel() else 0
     if product is None:
         product = kept * _PRODUCT_SHARE >= size
     gemm, local = _blas_pointers(q.dtype, product)
@@ -1011,8 +1057,9 @@ def sample_attend(
     rows = min(length, _ATTEND_SCORES // max(1, size), -(-heads * length // (4 * threads)))
     _run(
         "hop_sample_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
-        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(), seed,
-        float(scale), float(n), max(1, rows), out.data_ptr(), idx_out, w_out, threads,
+        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
+        *strides, _pointer(bias), _pointer(allowed), seed, float(scale), float(n), max(1, rows),
+        out.data_ptr(), idx_out, w_out, threads,
     )  # fmt: skip
     return out
 
@@ -1029,16 +1076,17 @@ def attend_backward(
     product: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients ``(dq, dk, dv)`` of :func:`topk_attend` or :func:`sample_attend` given the
-    ``support = (idx, weights)`` they saved, the ``count (L,)`` they were given and the output
-    gradient ``grad (..., L, Ev)``: per kept key ``dw_j = ⟨grad, v_j⟩``,
-    ``ds_j = scale · w_j (dw_j - Σ_l w_l dw_l)``, ``dq = Σ_j ds_j k_j``, ``dk_j += ds_j q``,
-    ``dv_j += w_j grad`` (the support itself is piecewise constant), in one parallel region
-    over the batch-heads: per kept key (``O(L · K · (E + Ev))``, ``product=False``) or, for a
-    large share of kept keys, by BLAS products over blocks of queries with those matrices zero
-    off the support (``True``, where a BLAS is found); ``None`` (default) takes the products
-    where at least half the keys are kept."""
+    ``support = (idx, weights)`` they saved, the ``count`` they were given (``(L,)`` or
+    ``(..., L)``) and the output gradient ``grad (..., L, Ev)``: per kept key
+    ``dw_j = ⟨grad, v_j⟩``, ``ds_j = scale · w_j (dw_j - Σ_l w_l dw_l)``, ``dq = Σ_j ds_j k_j``,
+    ``dk_j += ds_j q``, ``dv_j += w_j grad`` (the support itself, and so a bias, is piecewise
+    constant), in one parallel region over the batch-heads: per kept key
+    (``O(L · K · (E + Ev))``, ``product=False``) or, for a large share of kept keys, by BLAS
+    products over blocks of queries with those matrices zero off the support (``True``, where a
+    BLAS is found); ``None`` (default) takes the products where at least half the keys are
+    kept."""
     q3, k3, v3 = _attend_tensors(q, k, v)
-    counts = _per_query("count", count, q.shape[-2])
+    counts, count_stride = _per_query("count", count, q.shape[:-1])
     idx, weights = support
     _support_outputs(support, q, counts)  # the kernel checks the indices' range
     if grad.shape != (*q.shape[:-1], v.shape[-1]):
@@ -1057,9 +1105,9 @@ def attend_backward(
     rows = max(1, min(length, _ATTEND_SCORES // max(1, size)))
     _run(
         "hop_attend_backward", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
-        idx.data_ptr(), weights.data_ptr(), counts.data_ptr(), g.data_ptr(), heads, length,
-        size, dim, v3.shape[-1], slots, rows, float(scale), dq.data_ptr(), dk.data_ptr(),
-        dv.data_ptr(), _threads(heads * length * slots * (dim + v3.shape[-1])),
+        idx.data_ptr(), weights.data_ptr(), counts.data_ptr(), count_stride, g.data_ptr(), heads,
+        length, size, dim, v3.shape[-1], slots, rows, float(scale), dq.data_ptr(),
+        dk.data_ptr(), dv.data_ptr(), _threads(heads * length * slots * (dim + v3.shape[-1])),
     )  # fmt: skip
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 

@@ -304,17 +304,27 @@ int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t 
     return parallel_for(indices_range, &a, rows, threads, PIECES);
 }
 
-/* The largest of count[0..length), or -1 unless 0 <= count[i] <= population[i] <= size for
- * every i (the fused attention kernels check their counts themselves: one pass over L). */
-static int64_t largest_count(const int64_t *count, const int64_t *population, int64_t length,
+/* The largest count, or -1 unless 0 <= count <= population <= size for every query of every
+ * batch-head: query i of batch-head b reads count[b * count_stride + i] and
+ * population[b * population_stride + i] (a stride 0: one array (L) for all batch-heads, L: one
+ * row each). The fused attention kernels check their counts themselves: one pass over them. */
+static int64_t largest_count(const int64_t *count, const int64_t *population, int64_t heads,
+                             int64_t length, int64_t count_stride, int64_t population_stride,
                              int64_t size) {
     int64_t largest = 0;
-    for (int64_t i = 0; i < length; i++) {
-        if (count[i] < 0 || count[i] > population[i] || population[i] > size) return -1;
-        largest = count[i] > largest ? count[i] : largest;
-    }
+    const int64_t rows = count_stride || population_stride ? heads : 1;
+    for (int64_t b = 0; b < rows; b++)
+        for (int64_t i = 0; i < length; i++) {
+            const int64_t c = count[b * count_stride + i], n = population[b * population_stride + i];
+            if (c < 0 || c > n || n > size) return -1;
+            largest = c > largest ? c : largest;
+        }
     return largest;
 }
+
+/* Query i of batch-head b's count and population in the attention kernels' arguments. */
+#define COUNT_OF(a, b, i) ((a)->count[(b) * (a)->count_stride + (i)])
+#define POPULATION_OF(a, b, i) ((a)->population[(b) * (a)->population_stride + (i)])
 
 /* Whether a count of kept keys lies outside [0, slots]. */
 static inline int count_outside(int64_t count, int64_t slots) { return count < 0 || count > slots; }
@@ -837,7 +847,8 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
     /* Fused attention without gradients, one parallel region per call: for each query, the     \
      * Softmax_n weights over its kept keys and their weighted sum of values. q (BH, L, E),       \
      * k (BH, S, E), v (BH, S, Ev), out (BH, L, Ev), contiguous; query i of a sequence may see    \
-     * its first population[i] keys and keeps count[i] of them (count <= population <= S).        \
+     * its first population[i] keys and keeps count[i] of them (count <= population <= S; both   \
+     * shared by the batch-heads or one row each, see COUNT_OF), those a `bias` allows.           \
      * Each thread claims work in turn (see parallel_for), so a busy CPU delays only the pieces   \
      * of the thread that waits for its core. */                                                 \
     typedef void (*gemm_##SUFFIX)(const char *, const char *, const int64_t *, const int64_t *,  \
@@ -847,6 +858,9 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         gemm_##SUFFIX gemm;                                                                       \
         const T *q, *k, *v;                                                                       \
         const int64_t *count, *population;                                                        \
+        int64_t count_stride, population_stride; /* 0: (L) for every batch-head; L: (BH, L) */   \
+        const T *bias; /* an additive mask per key (BH, S), -inf where excluded; or NULL */      \
+        const int64_t *keys; /* sample: each batch-head's allowed keys in order (BH, S); or NULL */\
         int64_t length, size, dim, vdim, upper, rows, chunk;                                      \
         T scale, n;                                                                               \
         uint64_t seed;                                                                            \
@@ -872,6 +886,12 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             const T weight = w[j], *row = v + cols[j] * vdim;                                     \
             for (int64_t e = 0; e < vdim; e++) out[e] += weight * row[e];                         \
         }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* row[j] += bias[j] for j < width, -inf where the bias is (whatever the score). */         \
+    static void add_bias_##SUFFIX(T *row, const T *bias, int64_t width) {                        \
+        for (int64_t j = 0; j < width; j++)                                                       \
+            row[j] = bias[j] == -INFINITY ? -INFINITY : row[j] + bias[j];                         \
     }                                                                                             \
                                                                                                   \
     /* The end of query r (of the BH·L): the Softmax_n weights of its kept scores vals[0..kept)\
@@ -945,17 +965,19 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             const int64_t m = R < L - r0 ? R : L - r0;                                            \
             const T *qb = a->q + (b * L + r0) * E, *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;\
             int64_t end = 0;                                                                      \
+            const T *bias = a->bias ? a->bias + b * S : NULL;                                     \
             for (int64_t i = 0; i < m; i++) {                                                     \
                 counts[i] = 0;                                                                    \
                 modes[i] = FRESH;                                                                 \
-                end = a->population[r0 + i] > end ? a->population[r0 + i] : end;                  \
+                end = POPULATION_OF(a, b, r0 + i) > end ? POPULATION_OF(a, b, r0 + i) : end;      \
             }                                                                                     \
             if (end <= C && end <= SELECT_WIDTH) { /* narrow rows: selected straight */            \
                 a->gemm("T", "N", &end, &m, &E, &a->scale, kb, &E, qb, &E, &zero, scores, &end);  \
                 for (int64_t i = 0; i < m; i++) {                                                 \
-                    const int64_t kept = a->count[r0 + i];                                        \
-                    select_row_##SUFFIX(scores + i * end, a->population[r0 + i], kept, keys, best,\
-                                        best_cols);                                               \
+                    const int64_t kept = COUNT_OF(a, b, r0 + i);                                  \
+                    const int64_t width = POPULATION_OF(a, b, r0 + i);                            \
+                    if (bias) add_bias_##SUFFIX(scores + i * end, bias, width);                   \
+                    select_row_##SUFFIX(scores + i * end, width, kept, keys, best, best_cols);    \
                     attend_query_##SUFFIX(a, b * L + r0 + i, best, best_cols, kept, vb);          \
                 }                                                                                 \
                 continue;                                                                         \
@@ -965,8 +987,9 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
                 a->gemm("T", "N", &w, &m, &E, &a->scale, kb + c0 * E, &E, qb, &E, &zero, scores, \
                         &w);                                                                      \
                 for (int64_t i = 0; i < m; i++) {                                                 \
-                    int64_t width = a->population[r0 + i] - c0;                                   \
+                    int64_t width = POPULATION_OF(a, b, r0 + i) - c0;                             \
                     width = width < w ? width : w;                                                \
+                    if (width > 0 && bias) add_bias_##SUFFIX(scores + i * w, bias + c0, width);   \
                     if (width > 0)                                                                \
                         push_row_##SUFFIX(scores + i * w, width, c0, k, vals + i * span,          \
                                           cols + i * span, counts + i, thresholds + i, modes + i, \
@@ -974,7 +997,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
                 }                                                                                 \
             }                                                                                     \
             for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t kept = a->count[r0 + i];                                            \
+                const int64_t kept = COUNT_OF(a, b, r0 + i);                                      \
                 const int64_t found = counts[i] < k ? counts[i] : k;                              \
                 finish_row_##SUFFIX(vals + i * span, cols + i * span, counts[i], k, keys, best,   \
                                     best_cols);                                                   \
@@ -997,23 +1020,30 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
                                   const T *k, const T *v,                                         \
                                   int64_t heads, int64_t length, int64_t size, int64_t dim,       \
                                   int64_t vdim, const int64_t *count, const int64_t *population,  \
+                                  int64_t count_stride, int64_t population_stride, const T *bias, \
                                   T scale, T n, int64_t rows, int64_t chunk, T *out,              \
                                   int64_t *idx_out, T *w_out, int threads) {                      \
-        int64_t upper = largest_count(count, population, length, size);                           \
+        int64_t upper = largest_count(count, population, heads, length, count_stride,             \
+                                      population_stride, size);                                   \
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
         if (upper == 0) { /* no query keeps a key (and no slots to save) */                      \
             memset(out, 0, sizeof(T) * heads * length * vdim);                                    \
             return 0;                                                                             \
         }                                                                                         \
-        attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
-                                  upper, rows, chunk, scale, n, 0, out, idx_out, w_out};          \
+        attend_args_##SUFFIX a = {.gemm = gemm, .q = q, .k = k, .v = v, .count = count,           \
+                                  .population = population, .count_stride = count_stride,         \
+                                  .population_stride = population_stride, .bias = bias,           \
+                                  .length = length, .size = size, .dim = dim, .vdim = vdim,       \
+                                  .upper = upper, .rows = rows, .chunk = chunk, .scale = scale,   \
+                                  .n = n, .out = out, .idx_out = idx_out, .w_out = w_out};        \
         return parallel_for_local(topk_attend_range_##SUFFIX, &a,                                 \
                                   heads * ((length + rows - 1) / rows), threads, PIECES, local);  \
     }                                                                                             \
                                                                                                   \
     /* Random masks: work item = (batch-head, block of `rows` queries). Each query draws its     \
      * count[i] picks of its first population[i] keys on its stream (floyd_stream keyed by seed  \
-     * and its place r in the (BH·L) queries: the subsets of hop_sample_indices) and takes their \
+     * and its place r in the (BH·L) queries: the subsets of hop_sample_indices) or, with `keys`,\
+     * of the first population[i] of its batch-head's allowed keys, and takes their              \
      * scores scale * <q, k_j> from the block's product with the keys by the BLAS `gemm` (for a  \
      * large share of kept keys), else one dot product each; then the Softmax_n weights and the  \
      * weighted sum. */                                                                           \
@@ -1032,23 +1062,31 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         for (int64_t item = lo; item < hi; item++) {                                              \
             const int64_t b = item / blocks, r0 = (item % blocks) * R;                            \
             const int64_t m = R < L - r0 ? R : L - r0;                                            \
-            const T *kb = a->k + b * S * E;                                                       \
-            int64_t end = 0;                                                                      \
-            for (int64_t i = 0; i < m; i++)                                                       \
-                end = a->population[r0 + i] > end ? a->population[r0 + i] : end;                  \
+            const T *kb = a->k + b * S * E, *bias = a->bias ? a->bias + b * S : NULL;             \
+            const int64_t *allowed = a->keys ? a->keys + b * S : NULL;                            \
+            int64_t end = 0; /* the keys the block's scores reach */                              \
+            for (int64_t i = 0; i < m; i++) {                                                     \
+                const int64_t drawn = POPULATION_OF(a, b, r0 + i);                                \
+                const int64_t reach = allowed ? (drawn ? allowed[drawn - 1] + 1 : 0) : drawn;     \
+                end = reach > end ? reach : end;                                                  \
+            }                                                                                     \
             if (a->gemm && end > 0)                                                               \
                 a->gemm("T", "N", &end, &m, &E, &a->scale, kb, &E, a->q + (b * L + r0) * E, &E,   \
                         &zero, scores, &end);                                                     \
             for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t r = b * L + r0 + i, count = a->count[r0 + i];                       \
+                const int64_t r = b * L + r0 + i, count = COUNT_OF(a, b, r0 + i);                 \
                 const T *qr = a->q + r * E;                                                       \
-                floyd_stream(a->seed, stream_id(r, &whole), count, a->population[r0 + i], taken,  \
-                             picks);                                                              \
+                floyd_stream(a->seed, stream_id(r, &whole), count, POPULATION_OF(a, b, r0 + i),   \
+                             taken, picks);                                                       \
                 for (int64_t j = 0; j < count; j++) taken[picks[j]] = 0;                          \
+                if (allowed)                                                                      \
+                    for (int64_t j = 0; j < count; j++) picks[j] = allowed[picks[j]];             \
                 if (a->gemm)                                                                      \
                     for (int64_t j = 0; j < count; j++) w[j] = scores[i * end + picks[j]];        \
                 else                                                                              \
                     dots_##SUFFIX(qr, kb, picks, count, E, a->scale, w);                          \
+                if (bias)                                                                         \
+                    for (int64_t j = 0; j < count; j++) w[j] += bias[picks[j]];                   \
                 attend_query_##SUFFIX(a, r, w, picks, count, a->v + b * S * Ev);                  \
             }                                                                                     \
         }                                                                                         \
@@ -1063,12 +1101,20 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
                                     const T *k, const T *v,                                       \
                                     int64_t heads, int64_t length, int64_t size, int64_t dim,     \
                                     int64_t vdim, const int64_t *count, const int64_t *population,\
+                                    int64_t count_stride, int64_t population_stride,              \
+                                    const T *bias, const int64_t *keys,                           \
                                     uint64_t seed, T scale, T n, int64_t rows, T *out,            \
                                     int64_t *idx_out, T *w_out, int threads) {                    \
-        int64_t upper = largest_count(count, population, length, size);                           \
+        int64_t upper = largest_count(count, population, heads, length, count_stride,             \
+                                      population_stride, size);                                   \
         if (upper < 0) return HOP_BAD_COUNTS;                                                     \
-        attend_args_##SUFFIX a = {gemm, q, k, v, count, population, length, size, dim, vdim,      \
-                                  upper, rows, 0, scale, n, seed, out, idx_out, w_out};           \
+        attend_args_##SUFFIX a = {.gemm = gemm, .q = q, .k = k, .v = v, .count = count,           \
+                                  .population = population, .count_stride = count_stride,         \
+                                  .population_stride = population_stride, .bias = bias,           \
+                                  .keys = keys, .length = length, .size = size, .dim = dim,       \
+                                  .vdim = vdim, .upper = upper, .rows = rows, .scale = scale,     \
+                                  .n = n, .seed = seed, .out = out, .idx_out = idx_out,           \
+                                  .w_out = w_out};                                                \
         return parallel_for_local(sample_attend_range_##SUFFIX, &a,                               \
                                   heads * ((length + rows - 1) / rows), threads, PIECES,          \
                                   gemm ? local : NULL);                                           \
@@ -1090,6 +1136,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         gemm_##SUFFIX gemm;                                                                       \
         const T *q, *k, *v, *w, *g;                                                               \
         const int64_t *idx, *count;                                                               \
+        int64_t count_stride; /* as in attend_args */                                             \
         int64_t length, size, dim, vdim, slots, rows;                                             \
         T scale;                                                                                  \
         T *dq, *dk, *dv;                                                                          \
@@ -1108,7 +1155,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;                                  \
         T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                      \
         for (int64_t i = 0; i < L; i++) {                                                         \
-            const int64_t r = b * L + i, kept = a->count[i], *cols = a->idx + r * K;              \
+            const int64_t r = b * L + i, kept = COUNT_OF(a, b, i), *cols = a->idx + r * K;              \
             const T *w = a->w + r * K, *g = a->g + r * Ev, *qr = a->q + r * E;                    \
             dots_##SUFFIX(g, vb, cols, kept, Ev, 1, ds);                                          \
             score_gradients_##SUFFIX(w, ds, kept, a->scale);                                      \
@@ -1132,7 +1179,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             const T *g = a->g + first * Ev, *qb = a->q + first * E;                               \
             a->gemm("T", "N", &S, &m, &Ev, &one, vb, &Ev, g, &Ev, &zero, dw, &S); /* G V^T */     \
             for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t kept = a->count[r0 + i], *cols = a->idx + (first + i) * K;          \
+                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;          \
                 const T *w = a->w + (first + i) * K;                                              \
                 for (int64_t j = 0; j < kept; j++) ds[j] = dw[i * S + cols[j]];                   \
                 score_gradients_##SUFFIX(w, ds, kept, a->scale);                                  \
@@ -1146,7 +1193,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             a->gemm("N", "T", &E, &S, &m, &one, qb, &E, dense_ds, &S, &one, dk, &E);            \
             a->gemm("N", "T", &Ev, &S, &m, &one, g, &Ev, dense_w, &S, &one, dv, &Ev);           \
             for (int64_t i = 0; i < m; i++) { /* back to zeros */                                 \
-                const int64_t kept = a->count[r0 + i], *cols = a->idx + (first + i) * K;          \
+                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;          \
                 for (int64_t j = 0; j < kept; j++) dense_ds[i * S + cols[j]] = 0;                 \
                 for (int64_t j = 0; j < kept; j++) dense_w[i * S + cols[j]] = 0;                  \
             }                                                                                     \
@@ -1182,13 +1229,14 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
     int hop_attend_backward_##SUFFIX(gemm_##SUFFIX gemm, local_threads_fn local, const T *q,      \
                                       const T *k, const T *v,                                     \
                                       const int64_t *idx, const T *w, const int64_t *count,       \
-                                      const T *g, int64_t heads, int64_t length, int64_t size,    \
-                                      int64_t dim, int64_t vdim, int64_t slots, int64_t rows,     \
-                                      T scale, T *dq, T *dk, T *dv, int threads) {                \
-        for (int64_t i = 0; i < length; i++)                                                      \
+                                      int64_t count_stride, const T *g, int64_t heads,            \
+                                      int64_t length, int64_t size, int64_t dim, int64_t vdim,    \
+                                      int64_t slots, int64_t rows, T scale, T *dq, T *dk, T *dv,  \
+                                      int threads) {                                              \
+        for (int64_t i = 0; i < (count_stride ? heads : 1) * length; i++)                         \
             if (count_outside(count[i], slots)) return HOP_BAD_COUNTS;                            \
-        backward_args_##SUFFIX a = {gemm, q, k, v, w, g, idx, count, length, size, dim, vdim,     \
-                                    slots, rows, scale, dq, dk, dv};                              \
+        backward_args_##SUFFIX a = {gemm, q, k, v, w, g, idx, count, count_stride, length, size,  \
+                                    dim, vdim, slots, rows, scale, dq, dk, dv};                   \
         return parallel_for_local(attend_backward_range_##SUFFIX, &a, heads, threads, PIECES,     \
                                   gemm ? local : NULL);                                           \
     }                                                                                             \
