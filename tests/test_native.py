@@ -890,6 +890,8 @@ def test_fused_attention_kernels_reject_bad_arguments() -> None:
             call(good[0], good[1].double())
     with pytest.raises(ValueError, match="leading shape"):
         native.sample_attend(q, k[:1], v[:1], *good, 1, scale=1.0)
+    with pytest.raises(ValueError, match="k must have at least 2 dimensions, got 1"):
+        native.sample_attend(q, k[0, 0], v, *good, 1, scale=1.0)
     with pytest.raises(ValueError, match="same S keys"):
         native.sample_attend(q, k, v[:, :4], *good, 1, scale=1.0)
     with pytest.raises(TypeError, match=r"v must be torch\.float32"):

@@ -60,6 +60,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -396,9 +397,7 @@ def available(*tensors: Tensor) -> bool:
     dtype = floats[0].dtype
     if dtype not in _DTYPES or any(t.dtype != dtype for t in floats):
         return False
-    if any(t.device.type != "cpu" for t in tensors):
-        return False
-    return usable_on(floats[0].device)
+    return all(t.is_cpu for t in tensors) and enabled() and _library() is not None
 
 
 def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:
@@ -444,7 +443,7 @@ def _cpu_tensor(name: str, value: object, least_dims: int = 0) -> Tensor:
     TypeError/ValueError naming ``name``)."""
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.device.type != "cpu":
+    if not value.is_cpu:
         raise ValueError(f"{name} must be on the CPU, got {value.device}")
     if value.dim() < least_dims:
         raise ValueError(f"{name} must have at least {least_dims} dimension(s), got {value.dim()}")
@@ -860,12 +859,24 @@ def attention_available(*tensors: Tensor) -> bool:
     return available(*tensors) and _blas(tensors[0].dtype) is not None
 
 
-def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+class _Sizes(NamedTuple):
+    """The sizes of a fused attention call: batch-heads, queries, keys, key and value width."""
+
+    heads: int
+    length: int
+    size: int
+    dim: int
+    vdim: int
+
+
+def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, _Sizes]:
     """Checked patterns of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
-    ``v (..., S, Ev)`` with the same leading shape, as contiguous ``(BH, ·, ·)``."""
+    ``v (..., S, Ev)`` with the same leading shape, made contiguous (the kernels read them as
+    ``(BH, ·, ·)``), and their sizes."""
     _float_dtype(q=q, k=k, v=v)
     for name, value in (("q", q), ("k", k), ("v", v)):
-        _cpu_tensor(name, value, least_dims=2)
+        if value.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions, got {value.dim()}")
     lead, dim = q.shape[:-2], q.shape[-1]
     if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != dim:
         raise ValueError(
@@ -874,9 +885,8 @@ def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Te
         )
     if v.shape[-2] != k.shape[-2]:
         raise ValueError(f"k and v must hold the same S keys, got {k.shape[-2]} and {v.shape[-2]}")
-    heads = math.prod(lead)
-    q3, k3, v3 = (t.reshape(heads, t.shape[-2], t.shape[-1]).contiguous() for t in (q, k, v))
-    return q3, k3, v3
+    sizes = _Sizes(math.prod(lead), q.shape[-2], k.shape[-2], dim, v.shape[-1])
+    return q.contiguous(), k.contiguous(), v.contiguous(), sizes
 
 
 def _per_query(name: str, value: Tensor, queries: torch.Size) -> tuple[Tensor, int]:
@@ -912,12 +922,12 @@ def _per_key(name: str, value: Tensor | None, q: Tensor, k: Tensor) -> Tensor | 
 
 def _attend_inputs(
     q: Tensor, k: Tensor, v: Tensor, count: Tensor, population: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, tuple[int, int], Tensor]:
-    """Checked inputs of :func:`topk_attend` and :func:`sample_attend`: the patterns of
-    :func:`_attend_tensors`, ``count`` and ``population`` as contiguous int64 (see
+) -> tuple[Tensor, Tensor, Tensor, _Sizes, Tensor, Tensor, Tensor | None, tuple[int, int], Tensor]:
+    """Checked inputs of :func:`topk_attend` and :func:`sample_attend`: the patterns and sizes
+    of :func:`_attend_tensors`, ``count`` and ``population`` as contiguous int64 (see
     :func:`_per_query`), the per-key ``bias`` (``q``'s dtype), the two strides and the output
     ``(..., L, Ev)``."""
-    q3, k3, v3 = _attend_tensors(q, k, v)
+    q3, k3, v3, sizes = _attend_tensors(q, k, v)
     counts, count_stride = _per_query("count", count, q.shape[:-1])
     populations, population_stride = _per_query("population", population, q.shape[:-1])
     bias = _per_key("bias", bias, q, k)
@@ -925,7 +935,7 @@ def _attend_inputs(
         _float_dtype(q=q, bias=bias)
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     strides = (count_stride, population_stride)
-    return q3, k3, v3, counts, populations, bias, strides, out
+    return q3, k3, v3, sizes, counts, populations, bias, strides, out
 
 
 def _pointer(tensor: Tensor | None) -> int | None:
@@ -990,22 +1000,21 @@ def topk_attend(
     ``(..., S)`` (``q``'s dtype). ``support = (idx, weights)``, contiguous ``(..., L, K)`` with
     ``K = max(count)`` (int64 and ``q``'s dtype), receives each query's kept keys and weights
     in its first ``count[i]`` slots, 0 in the others (for :func:`attend_backward`)."""
-    q3, k3, v3, counts, populations, bias, strides, out = _attend_inputs(
+    q3, k3, v3, sizes, counts, populations, bias, strides, out = _attend_inputs(
         q, k, v, count, population, bias
     )
     idx_out, w_out = _support_outputs(support, q, counts)
     gemm, local = _blas_pointers(q.dtype)
     if gemm is None:
         raise RuntimeError("no BLAS product found for the fused Top-K kernel")
-    heads, length, dim = q3.shape
-    size = k3.shape[-2]
+    heads, length, size, dim, vdim = sizes
     chunk = max(1, min(_count("chunk", chunk, 1), size))
     threads = _threads(heads * length * size * dim)
     # query blocks: within the score budget, and at least 4 pieces per thread where possible
     rows = min(length, _ATTEND_SCORES // chunk, -(-heads * length // (4 * threads)))
     _run(
         "hop_topk_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
-        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
+        heads, length, size, dim, vdim, counts.data_ptr(), populations.data_ptr(),
         *strides, _pointer(bias), float(scale), float(n), max(1, rows), chunk, out.data_ptr(),
         idx_out, w_out, threads,
     )  # fmt: skip
@@ -1039,7 +1048,7 @@ def sample_attend(
     the BLAS (``product=True``, where one is found) or from one dot product each (``False``);
     ``None`` (default) takes the product where at least one key in :data:`_PRODUCT_SHARE` is
     kept. ``support`` as in :func:`topk_attend`."""
-    q3, k3, v3, counts, populations, bias, strides, out = _attend_inputs(
+    q3, k3, v3, sizes, counts, populations, bias, strides, out = _attend_inputs(
         q, k, v, count, population, bias
     )
     allowed = _per_key("keys", keys, q, k)
@@ -1047,17 +1056,16 @@ def sample_attend(
         allowed = _check_index(allowed, k.shape[-2], "keys")
     idx_out, w_out = _support_outputs(support, q, counts)
     _stream_rows(q.shape[:-1], seed, 0, None)
-    heads, length, dim = q3.shape
-    size = k3.shape[-2]
+    heads, length, size, dim, vdim = sizes
     kept = int(counts.max()) if counts.numel() else 0
     if product is None:
         product = kept * _PRODUCT_SHARE >= size
     gemm, local = _blas_pointers(q.dtype, product)
-    threads = _threads(heads * length * kept * (dim + v3.shape[-1]))
+    threads = _threads(heads * length * kept * (dim + vdim))
     rows = min(length, _ATTEND_SCORES // max(1, size), -(-heads * length // (4 * threads)))
     _run(
         "hop_sample_attend", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
-        heads, length, size, dim, v3.shape[-1], counts.data_ptr(), populations.data_ptr(),
+        heads, length, size, dim, vdim, counts.data_ptr(), populations.data_ptr(),
         *strides, _pointer(bias), _pointer(allowed), seed, float(scale), float(n), max(1, rows),
         out.data_ptr(), idx_out, w_out, threads,
     )  # fmt: skip
@@ -1085,7 +1093,7 @@ def attend_backward(
     products over blocks of queries with those matrices zero off the support (``True``, where a
     BLAS is found); ``None`` (default) takes the products where at least half the keys are
     kept."""
-    q3, k3, v3 = _attend_tensors(q, k, v)
+    q3, k3, v3, sizes = _attend_tensors(q, k, v)
     counts, count_stride = _per_query("count", count, q.shape[:-1])
     idx, weights = support
     _support_outputs(support, q, counts)  # the kernel checks the indices' range
@@ -1097,8 +1105,8 @@ def attend_backward(
     _float_dtype(q=q, grad=grad)
     g = grad.contiguous()
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-    heads, length, dim = q3.shape
-    size, slots = k3.shape[-2], idx.shape[-1]
+    heads, length, size, dim, vdim = sizes
+    slots = idx.shape[-1]
     if product is None:
         product = slots * _BACKWARD_PRODUCT_SHARE >= size
     gemm, local = _blas_pointers(q.dtype, product)
@@ -1106,10 +1114,10 @@ def attend_backward(
     _run(
         "hop_attend_backward", q.dtype, gemm, local, q3.data_ptr(), k3.data_ptr(), v3.data_ptr(),
         idx.data_ptr(), weights.data_ptr(), counts.data_ptr(), count_stride, g.data_ptr(), heads,
-        length, size, dim, v3.shape[-1], slots, rows, float(scale), dq.data_ptr(),
-        dk.data_ptr(), dv.data_ptr(), _threads(heads * length * slots * (dim + v3.shape[-1])),
+        length, size, dim, vdim, slots, rows, float(scale), dq.data_ptr(), dk.data_ptr(),
+        dv.data_ptr(), _threads(heads * length * slots * (dim + vdim)),
     )  # fmt: skip
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return dq, dk, dv
 
 
 def gather_dot(a: Tensor, table: Tensor, idx: Tensor) -> Tensor:
