@@ -482,7 +482,7 @@ def _integers(name: str, value: object) -> Tensor:
     tensor = _cpu_tensor(name, value)
     if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
         raise TypeError(f"{name} must hold integers, got {tensor.dtype}")
-    return tensor.to(torch.int64).contiguous()
+    return (tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)).contiguous()
 
 
 def _check_index(idx: Tensor, size: int, name: str) -> Tensor:
