@@ -200,6 +200,10 @@ int hop_floyd(const double *rand, const int64_t *count, const int64_t *n, int64_
 #define KEEP_BIAS 1
 #define KEEP_SOFTMAX 2
 
+/* The width of the vectors of weigh_row (GCC/Clang vector extensions: AVX-512 registers where
+ * the machine has them, pairs or quads of narrower ones elsewhere). */
+#define VECTOR_BYTES 64
+
 /* Widest rows that hop_topk_attend selects in one radix select (wider ones: push and finish). */
 #define SELECT_WIDTH 1024
 
@@ -869,22 +873,46 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         T *w_out;                                                                                 \
     } attend_args_##SUFFIX;                                                                       \
                                                                                                   \
-    /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys, four keys per pass over  \
-     * out (each pass loads and stores it: it might alias v). */                                  \
+    /* out[0..vdim) = sum_j w[j] v[cols[j]] over the count kept keys (out must not alias v):  \
+     * per stripe of four vectors of out, four accumulators held in registers over all keys     \
+     * (stores once; twice the speed of passes over out, at the FMA units' rate on AVX-512), then \
+     * single vectors and the scalar rest. */                                                    \
+    typedef T vec_##SUFFIX __attribute__((vector_size(VECTOR_BYTES)));                           \
+    /* acc += weight * row[0..lanes) (an unaligned load; no vector passed by value, whose ABI \
+     * depends on the flags). */                                                                  \
+    static inline void add_scaled_##SUFFIX(vec_##SUFFIX *acc, T weight, const T *row) {          \
+        vec_##SUFFIX x;                                                                           \
+        memcpy(&x, row, sizeof x);                                                                \
+        *acc += weight * x;                                                                       \
+    }                                                                                             \
     static void weigh_row_##SUFFIX(const T *w, const int64_t *cols, int64_t count, const T *v,   \
                                    int64_t vdim, T *out) {                                        \
-        for (int64_t e = 0; e < vdim; e++) out[e] = 0;                                            \
-        int64_t j = 0;                                                                            \
-        for (; j + 4 <= count; j += 4) {                                                          \
-            const T w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];                       \
-            const T *r0 = v + cols[j] * vdim, *r1 = v + cols[j + 1] * vdim;                       \
-            const T *r2 = v + cols[j + 2] * vdim, *r3 = v + cols[j + 3] * vdim;                   \
-            for (int64_t e = 0; e < vdim; e++)                                                    \
-                out[e] += (w0 * r0[e] + w1 * r1[e]) + (w2 * r2[e] + w3 * r3[e]);                  \
+        const int64_t lanes = VECTOR_BYTES / sizeof(T);                                           \
+        int64_t e0 = 0;                                                                           \
+        for (; e0 + 4 * lanes <= vdim; e0 += 4 * lanes) {                                         \
+            vec_##SUFFIX a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                  \
+            for (int64_t j = 0; j < count; j++) {                                                 \
+                const T *row = v + cols[j] * vdim + e0, weight = w[j];                            \
+                add_scaled_##SUFFIX(&a0, weight, row);                                            \
+                add_scaled_##SUFFIX(&a1, weight, row + lanes);                                    \
+                add_scaled_##SUFFIX(&a2, weight, row + 2 * lanes);                                \
+                add_scaled_##SUFFIX(&a3, weight, row + 3 * lanes);                                \
+            }                                                                                     \
+            memcpy(out + e0, &a0, sizeof a0);                                                     \
+            memcpy(out + e0 + lanes, &a1, sizeof a1);                                             \
+            memcpy(out + e0 + 2 * lanes, &a2, sizeof a2);                                         \
+            memcpy(out + e0 + 3 * lanes, &a3, sizeof a3);                                         \
         }                                                                                         \
-        for (; j < count; j++) {                                                                  \
-            const T weight = w[j], *row = v + cols[j] * vdim;                                     \
-            for (int64_t e = 0; e < vdim; e++) out[e] += weight * row[e];                         \
+        for (; e0 + lanes <= vdim; e0 += lanes) {                                                 \
+            vec_##SUFFIX a0 = {0};                                                                \
+            for (int64_t j = 0; j < count; j++)                                                   \
+                add_scaled_##SUFFIX(&a0, w[j], v + cols[j] * vdim + e0);                          \
+            memcpy(out + e0, &a0, sizeof a0);                                                     \
+        }                                                                                         \
+        for (int64_t e = e0; e < vdim; e++) {                                                     \
+            T total = 0;                                                                          \
+            for (int64_t j = 0; j < count; j++) total += w[j] * v[cols[j] * vdim + e];            \
+            out[e] = total;                                                                       \
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
