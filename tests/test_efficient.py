@@ -1229,6 +1229,23 @@ def test_random_mask_paths_and_query_blocks_draw_the_same_subsets(
         torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("separation", [Softmax(), Sparsemax()])
+def test_random_mask_under_a_mask_broadcast_over_keys(dispatch, kernel_path, separation) -> None:
+    """A mask ``(B, 1, 1, 1)`` (one flag a sequence, broadcast over the keys): the masked
+    sequence gives zeros, and the allowed one the subsets of the unmasked call (on the native
+    kernels the draws among all keys are the unmasked draws), on the fused and gathered paths."""
+    q, k, v = patterns(b=2, h=2, length=9, size=12, e=4, ev=4)
+    mask = torch.tensor([True, False]).view(2, 1, 1, 1)
+    with torch.no_grad():
+        masked = associate(
+            q, k, v, separation=separation, structure=RandomMask(3, seed=6), mask=mask
+        )
+        plain = associate(q, k, v, separation=separation, structure=RandomMask(3, seed=6))
+    assert not masked[1].any()
+    if kernel_path == "native":
+        torch.testing.assert_close(masked[0], plain[0], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("make", [lambda: TopK(3), lambda: RandomMask(3, seed=2).eval()])
 def test_dense_selections_under_cpu_autocast_compute_in_float32(dispatch, kernel_path, make):
     """Inside ``torch.autocast("cpu", bfloat16)`` (the bf16 training presets) the selections on

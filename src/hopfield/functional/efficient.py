@@ -1811,16 +1811,16 @@ class RandomMask(_GatheredStructure):
     padding mask, ``(B|1, H|1, 1, S)``), each query draws Floyd's algorithm on its own random
     stream, keyed by one seed per call (from the generator below) and the query's place in the
     call (:func:`native.sample_indices`, :func:`native.sample_keep`), among the keys the mask
-    allows: every path and every cut into query blocks sees the same subsets. Otherwise, without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key
-    indices are drawn directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws
-    whose repeats are redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the
-    rows that keep more than half their keys); else uniform random priorities over the allowed
-    keys, keeping the ``k`` largest, or, when most keys are kept, dropping the ``n - k``
-    smallest. Every path draws each query's subset uniformly among the allowed ``k``-subsets.
+    allows: every path and every cut into query blocks sees the same subsets. Otherwise,
+    without a mask and for ``2 k <= S`` (causal: also ``k² <= 4 S``), key indices are drawn
+    directly with no ``L × S`` work (:func:`sample_subsets`: uniform draws whose repeats are
+    redrawn, about ``O(L · k · log k)``; Floyd's ``O(k²)`` algorithm for the rows that keep more
+    than half their keys); else uniform random priorities over the allowed keys, keeping the
+    ``k`` largest, or, when most keys are kept, dropping the ``n - k`` smallest. Every path draws each query's subset uniformly among the allowed ``k``-subsets.
 
     Softmax_n with a number β and no ``force``, dropout or weights, with no mask or one per key,
-    runs in one native kernel on the CPU (:func:`native.sample_attend`: the subsets drawn, scored, weighed and
-    summed in one parallel region; with gradients the hand backward
+    runs in one native kernel on the CPU (:func:`native.sample_attend`: the subsets drawn,
+    scored, weighed and summed in one parallel region; with gradients the hand backward
     :func:`native.attend_backward` over the saved subsets and weights). Other separations
     without gradients, up to :data:`RANDOM_MASK_SELECT_UNTIL` keys (native kernels, no mask, no
     ``force``, no dropout, no weights), draw and weigh the subsets on the full score matrix in
@@ -2153,19 +2153,18 @@ class RandomMask(_GatheredStructure):
     def _streamed_among(
         self,
         bias: Tensor,
-        batch: int,
-        heads: int,
+        shape: tuple[int, int, int, int],
         start: int,
-        rows: int,
         length: int,
         causal: bool,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The subsets of queries ``start .. start + rows - 1`` under a per-key ``bias``
-        (``(B|1, H|1, 1, S)``): each query's draw on this call's streams
-        (:func:`native.sample_indices`) among the allowed keys of its causal prefix, mapped to
-        their key indices: the subsets of the fused kernel (:func:`native.sample_attend` with
-        ``keys``). Returns ``(idx, keep, None)`` as :meth:`_support`."""
-        size = bias.shape[-1]
+        """The subsets of queries ``start .. start + rows - 1`` (``shape = (B, H, rows, S)``) of
+        the ``S`` keys under a per-key ``bias`` (``(B|1, H|1, 1, S|1)``): each query's draw on this
+        call's streams (:func:`native.sample_indices`) among the allowed keys of its causal
+        prefix, mapped to their key indices: the subsets of the fused kernel
+        (:func:`native.sample_attend` with ``keys``). Returns ``(idx, keep, None)`` as
+        :meth:`_support`."""
+        batch, heads, rows, size = shape
         allowed = torch.isfinite(bias[..., 0, :]).expand(batch, heads, size)
         prefix = _valid_prefix(start, start + rows, length, size, causal, bias.device)
         n = _allowed_within(allowed, prefix)
@@ -2215,7 +2214,7 @@ class RandomMask(_GatheredStructure):
         upper = upper_count(self.k, self.fraction, size)
         streams = forced is None and native.usable_on(device)
         if streams and bias is not None and bias.shape[-2] == 1:
-            return self._streamed_among(bias, batch, heads, start, rows, length, causal)
+            return self._streamed_among(bias, (batch, heads, rows, size), start, length, causal)
         if bias is None and (streams or _index_sampler_applies(upper, size, causal)):
             n = _valid_prefix(start, start + rows, length, size, causal, device).expand(
                 batch, heads, rows
