@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, overload
 
 import torch
@@ -396,19 +396,38 @@ class _GatheredStructure(Structure):
         :func:`_query_counts`; with a per-key mask (:func:`_per_key_mask`) its additive bias
         ``(B, H, S)`` (``-inf`` where a key is masked) and per batch-head counts ``(B, H, L)``
         of the allowed keys within each query's causal prefix and of those it keeps."""
-        length, size = q.shape[-2], k.shape[-2]
+        batch, heads, length, _ = q.shape
+        size = k.shape[-2]
         if mask is None:
             count, prefix = _query_counts(self.k, self.fraction, length, size, causal, q.device)
-            return _KernelCounts(count, prefix, prefix, None)
+            return _KernelCounts(count, prefix, prefix)
         bias = additive_bias(mask, q.dtype)
         assert bias is not None
-        bias = bias.expand(*q.shape[:-2], 1, size)[..., 0, :]
-        allowed = torch.isfinite(bias)  # as every other path: +inf and NaN are masked too
-        bias = bias.masked_fill(~allowed, -math.inf)
-        prefix = _valid_prefix(0, length, length, size, causal, q.device)
+        counts = self._key_mask_counts(bias, (batch, heads, size), 0, length, length, causal)
+        assert counts.allowed is not None
+        key_bias = bias[..., 0, :].expand(batch, heads, size)
+        return replace(counts, bias=key_bias.masked_fill(~counts.allowed, -math.inf))
+
+    def _key_mask_counts(
+        self,
+        bias: Tensor,
+        shape: tuple[int, int, int],
+        start: int,
+        rows: int,
+        length: int,
+        causal: bool,
+    ) -> _KernelCounts:
+        """The counts of queries ``start .. start + rows - 1`` of a call of ``length`` under a
+        per-key additive ``bias`` (``(B|1, H|1, 1, S|1)``, ``shape = (B, H, S)``): the keys each
+        batch-head allows (finite bias, as on every other path: ``+inf`` and NaN are masked
+        too), the causal prefixes ``(rows,)`` and how many allowed keys each query sees and
+        keeps ``(B, H, rows)``; its ``bias`` is left ``None``."""
+        batch, heads, size = shape
+        allowed = torch.isfinite(bias[..., 0, :]).expand(batch, heads, size)
+        prefix = _valid_prefix(start, start + rows, length, size, causal, bias.device)
         valid = _allowed_within(allowed, prefix)
         count = kept_count(valid, self.k, self.fraction)
-        return _KernelCounts(count, prefix, valid, bias, allowed)
+        return _KernelCounts(count, prefix, valid, allowed=allowed)
 
     def _selection_fits(
         self,
@@ -875,7 +894,8 @@ class _KernelCounts:
     _kernel_counts`): ``count`` kept, ``prefix`` the keys the causal rule lets it see (``(L,)``),
     ``valid`` how many of them the mask allows, ``bias`` the mask per key ``(B, H, S)`` and
     ``allowed`` where it is finite (``None`` without a mask: then ``count`` is ``(L,)`` and
-    ``valid`` is ``prefix``)."""
+    ``valid`` is ``prefix``; ``bias`` also in the counts of
+    :meth:`_GatheredStructure._key_mask_counts`)."""
 
     count: Tensor
     prefix: Tensor
@@ -2165,15 +2185,14 @@ class RandomMask(_GatheredStructure):
         (:func:`native.sample_attend` with ``keys``). Returns ``(idx, keep, None)`` as
         :meth:`_support`."""
         batch, heads, rows, size = shape
-        allowed = torch.isfinite(bias[..., 0, :]).expand(batch, heads, size)
-        prefix = _valid_prefix(start, start + rows, length, size, causal, bias.device)
-        n = _allowed_within(allowed, prefix)
-        count = kept_count(n, self.k, self.fraction)
+        counts = self._key_mask_counts(bias, (batch, heads, size), start, rows, length, causal)
+        count, in_order = counts.count, counts.allowed_keys()
+        assert in_order is not None
         slots = max(int(count.max()) if count.numel() else 0, 1)
         drawn = native.sample_indices(
-            count, n, slots, self._stream_seed(), start=start, length=length
+            count, counts.valid, slots, self._stream_seed(), start=start, length=length
         )
-        idx = _allowed_keys(allowed).gather(-1, drawn.view(batch, heads, rows * slots))
+        idx = in_order.gather(-1, drawn.view(batch, heads, rows * slots))
         keep = torch.arange(slots, device=bias.device) < count.unsqueeze(-1)
         return idx.view(drawn.shape), (None if bool(keep.all()) else keep), None
 
