@@ -22,8 +22,9 @@
  *
  * Every exported function returns 0, or HOP_NO_MEMORY when a scratch allocation failed (the
  * outputs are then incomplete; native.py raises MemoryError), or, for the attention kernels,
- * HOP_BAD_COUNTS or HOP_BAD_INDEX (a ValueError there); the threads' codes are or-ed. The callers in native.py check
- * shapes, dtypes, index ranges and uniforms before they get here: the kernels trust them.
+ * HOP_BAD_COUNTS or HOP_BAD_INDEX (a ValueError there); the threads' codes are or-ed. The
+ * callers in native.py check shapes, dtypes, index ranges and uniforms before they get here: the
+ * kernels trust them.
  */
 #include <math.h>
 #include <pthread.h>
@@ -1183,7 +1184,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
         const T *kb = a->k + b * S * E, *vb = a->v + b * S * Ev;                                  \
         T *dk = a->dk + b * S * E, *dv = a->dv + b * S * Ev;                                      \
         for (int64_t i = 0; i < L; i++) {                                                         \
-            const int64_t r = b * L + i, kept = COUNT_OF(a, b, i), *cols = a->idx + r * K;              \
+            const int64_t r = b * L + i, kept = COUNT_OF(a, b, i), *cols = a->idx + r * K;        \
             const T *w = a->w + r * K, *g = a->g + r * Ev, *qr = a->q + r * E;                    \
             dots_##SUFFIX(g, vb, cols, kept, Ev, 1, ds);                                          \
             score_gradients_##SUFFIX(w, ds, kept, a->scale);                                      \
@@ -1207,7 +1208,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             const T *g = a->g + first * Ev, *qb = a->q + first * E;                               \
             a->gemm("T", "N", &S, &m, &Ev, &one, vb, &Ev, g, &Ev, &zero, dw, &S); /* G V^T */     \
             for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;          \
+                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;    \
                 const T *w = a->w + (first + i) * K;                                              \
                 for (int64_t j = 0; j < kept; j++) ds[j] = dw[i * S + cols[j]];                   \
                 score_gradients_##SUFFIX(w, ds, kept, a->scale);                                  \
@@ -1221,7 +1222,7 @@ static inline int count_outside(int64_t count, int64_t slots) { return count < 0
             a->gemm("N", "T", &E, &S, &m, &one, qb, &E, dense_ds, &S, &one, dk, &E);            \
             a->gemm("N", "T", &Ev, &S, &m, &one, g, &Ev, dense_w, &S, &one, dv, &Ev);           \
             for (int64_t i = 0; i < m; i++) { /* back to zeros */                                 \
-                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;          \
+                const int64_t kept = COUNT_OF(a, b, r0 + i), *cols = a->idx + (first + i) * K;    \
                 for (int64_t j = 0; j < kept; j++) dense_ds[i * S + cols[j]] = 0;                 \
                 for (int64_t j = 0; j < kept; j++) dense_w[i * S + cols[j]] = 0;                  \
             }                                                                                     \
