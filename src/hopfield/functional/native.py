@@ -391,13 +391,16 @@ def usable_on(device: torch.device) -> bool:
 def available(*tensors: Tensor) -> bool:
     """Whether the native kernels can run on ``tensors``: :func:`usable_on` their device, and
     every tensor a CPU float32/float64 tensor of one dtype (integer index tensors aside)."""
-    floats = [t for t in tensors if t.is_floating_point()]
-    if not floats:
-        return False
-    dtype = floats[0].dtype
-    if dtype not in _DTYPES or any(t.dtype != dtype for t in floats):
-        return False
-    return all(t.is_cpu for t in tensors) and enabled() and _library() is not None
+    dtype = None
+    for t in tensors:  # one loop, no lists: this runs on every call of a structure
+        if not t.is_cpu:
+            return False
+        if t.is_floating_point():
+            if dtype is None:
+                dtype = t.dtype
+            elif t.dtype != dtype:
+                return False
+    return dtype in _DTYPES and enabled() and _library() is not None
 
 
 def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:
@@ -450,6 +453,15 @@ def _cpu_tensor(name: str, value: object, least_dims: int = 0) -> Tensor:
     return value
 
 
+def _cpu_floats(*values: object) -> bool:
+    """Whether ``values`` are CPU tensors of one dtype, float32 or float64 (the quick check of
+    the common case; :func:`_float_dtype` names what is wrong otherwise)."""
+    dtype = getattr(values[0], "dtype", None)
+    return dtype in _DTYPES and all(
+        isinstance(v, Tensor) and v.is_cpu and v.dtype == dtype for v in values
+    )
+
+
 def _float_dtype(**tensors: Tensor | None) -> torch.dtype:
     """The common dtype of the named CPU tensors (``None`` ones skipped): float32 or float64,
     the same for all (else a TypeError naming the first that differs)."""
@@ -479,6 +491,8 @@ def _count(name: str, value: object, least: int) -> int:
 
 def _integers(name: str, value: object) -> Tensor:
     """``value`` as a contiguous int64 CPU tensor; a TypeError unless it holds integers."""
+    if isinstance(value, Tensor) and value.dtype == torch.int64 and value.is_cpu:
+        return value.contiguous()  # the common case, checked first
     tensor = _cpu_tensor(name, value)
     if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
         raise TypeError(f"{name} must hold integers, got {tensor.dtype}")
@@ -873,7 +887,8 @@ def _attend_tensors(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Te
     """Checked patterns of the fused attention kernels: ``q (..., L, E)``, ``k (..., S, E)`` and
     ``v (..., S, Ev)`` with the same leading shape, made contiguous (the kernels read them as
     ``(BH, ·, ·)``), and their sizes."""
-    _float_dtype(q=q, k=k, v=v)
+    if not _cpu_floats(q, k, v):
+        _float_dtype(q=q, k=k, v=v)  # raises the error that names the argument
     for name, value in (("q", q), ("k", k), ("v", v)):
         if value.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dimensions, got {value.dim()}")
