@@ -337,15 +337,14 @@ static int64_t largest_count(const int64_t *count, const int64_t *population, in
 /* Whether a count of kept keys lies outside [0, slots]. */
 static inline int count_outside(int64_t count, int64_t slots) { return count < 0 || count > slots; }
 
-/* Compaction of a row by its keys: the entries of row[0..width) whose key is >= split, with
- * their columns, to vals and cols in column order; returns their number m. vals and cols need
- * m + COMPACT_SLACK slots (whole vectors are stored past the last kept entry). With AVX-512,
- * one compress of values and columns per vector of keys (twice the speed of the branch-free
- * scalar loop at 128 to 512 columns); else that loop. */
+/* The vector part of compact_##SUFFIX (below): with AVX-512, one compress of values and one of
+ * columns per whole vector of keys, stored as whole vectors at vals + *m and cols + *m (so vals
+ * and cols need COMPACT_SLACK slots past the last kept entry); returns the columns done (0
+ * without AVX-512). */
 #define COMPACT_SLACK 16
-static int64_t compact_f32(const float *row, const uint32_t *keys, int64_t width, uint32_t split,
-                           float *vals, int64_t *cols) {
-    int64_t m = 0, i = 0;
+static int64_t compact_vectors_f32(const float *row, const uint32_t *keys, int64_t width,
+                                   uint32_t split, float *vals, int64_t *cols, int64_t *m) {
+    int64_t i = 0;
 #if defined(__AVX512F__)
     const __m512i bound = _mm512_set1_epi32((int)split);
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -353,40 +352,34 @@ static int64_t compact_f32(const float *row, const uint32_t *keys, int64_t width
         const __mmask16 kept = _mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), bound);
         const __m512i at = _mm512_maskz_compress_epi32(
             kept, _mm512_add_epi32(lanes, _mm512_set1_epi32((int)i)));
-        _mm512_storeu_ps(vals + m, _mm512_maskz_compress_ps(kept, _mm512_loadu_ps(row + i)));
-        _mm512_storeu_si512(cols + m, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
-        _mm512_storeu_si512(cols + m + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
-        m += __builtin_popcount((unsigned)kept);
+        _mm512_storeu_ps(vals + *m, _mm512_maskz_compress_ps(kept, _mm512_loadu_ps(row + i)));
+        _mm512_storeu_si512(cols + *m, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+        _mm512_storeu_si512(cols + *m + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+        *m += __builtin_popcount((unsigned)kept);
     }
+#else
+    (void)row, (void)keys, (void)width, (void)split, (void)vals, (void)cols, (void)m;
 #endif
-    for (; i < width; i++) {
-        vals[m] = row[i];
-        cols[m] = i;
-        m += keys[i] >= split;
-    }
-    return m;
+    return i;
 }
 
-static int64_t compact_f64(const double *row, const uint64_t *keys, int64_t width, uint64_t split,
-                           double *vals, int64_t *cols) {
-    int64_t m = 0, i = 0;
+static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int64_t width,
+                                   uint64_t split, double *vals, int64_t *cols, int64_t *m) {
+    int64_t i = 0;
 #if defined(__AVX512F__)
     const __m512i bound = _mm512_set1_epi64((long long)split);
     const __m512i lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
     for (; i + 8 <= width; i += 8) {
         const __mmask8 kept = _mm512_cmpge_epu64_mask(_mm512_loadu_si512(keys + i), bound);
         const __m512i at = _mm512_add_epi64(lanes, _mm512_set1_epi64(i));
-        _mm512_storeu_pd(vals + m, _mm512_maskz_compress_pd(kept, _mm512_loadu_pd(row + i)));
-        _mm512_storeu_si512(cols + m, _mm512_maskz_compress_epi64(kept, at));
-        m += __builtin_popcount((unsigned)kept);
+        _mm512_storeu_pd(vals + *m, _mm512_maskz_compress_pd(kept, _mm512_loadu_pd(row + i)));
+        _mm512_storeu_si512(cols + *m, _mm512_maskz_compress_epi64(kept, at));
+        *m += __builtin_popcount((unsigned)kept);
     }
+#else
+    (void)row, (void)keys, (void)width, (void)split, (void)vals, (void)cols, (void)m;
 #endif
-    for (; i < width; i++) {
-        vals[m] = row[i];
-        cols[m] = i;
-        m += keys[i] >= split;
-    }
-    return m;
+    return i;
 }
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                                 \
@@ -992,6 +985,22 @@ static int64_t compact_f64(const double *row, const uint64_t *keys, int64_t widt
             w[j] = j < kept ? vals[j] : 0;                                                        \
             keys[j] = j < kept ? cols[j] : 0;                                                     \
         }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* Compaction of a row by its keys: the entries of row[0..width) whose key is >= split, with  \
+     * their columns, to vals and cols in column order; returns their number m. vals and cols     \
+     * need m + COMPACT_SLACK slots. The compress instructions where there are (twice the speed   \
+     * of the branch-free loop at 128 to 512 columns), that loop for the rest. */                 \
+    static int64_t compact_##SUFFIX(const T *row, const KEY *keys, int64_t width, KEY split,      \
+                                    T *vals, int64_t *cols) {                                     \
+        int64_t m = 0;                                                                            \
+        for (int64_t i = compact_vectors_##SUFFIX(row, keys, width, split, vals, cols, &m);       \
+             i < width; i++) {                                                                    \
+            vals[m] = row[i];                                                                     \
+            cols[m] = i;                                                                          \
+            m += keys[i] >= split;                                                                \
+        }                                                                                         \
+        return m;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* The count largest of row[0..width) (count <= width; first columns among ties, NaN          \
