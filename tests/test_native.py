@@ -730,14 +730,15 @@ def _causal_counts(length: int, size: int, k: int) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize(
     "length,size,k,chunk",
     [(9, 12, 3, 2048), (9, 12, 3, 4), (12, 9, 4, 2048), (5, 300, 40, 64), (7, 1500, 33, 512),
-     (3, 2100, 64, 2048), (4, 6, 9, 2)],
+     (3, 2100, 64, 2048), (4, 6, 9, 2), (6, 100, 50, 2048), (5, 300, 40, 2048)],
 )  # fmt: skip
 @pytest.mark.parametrize("n", [0.0, 1.0])
 def test_topk_attend_is_softmax_n_over_each_querys_top_k(dtype, length, size, k, chunk, n) -> None:
     """:func:`native.topk_attend` equals Softmax_n attention over each query's ``count`` largest
     visible scores (float64 reference): rows selected in one pass (narrow) and pushed in chunks
     (wide, or a small ``chunk``), causal counts with rows that see no key (zeros), counts above
-    the visible keys."""
+    the visible keys; one-pass rows of 95 to 300 keys, whole vectors of keys and a rest, for
+    the compress instructions of the compaction."""
     if not native.attention_available(torch.zeros(1, dtype=dtype)):
         pytest.skip("no BLAS product found")
     gen = torch.Generator().manual_seed(size)
