@@ -1819,6 +1819,16 @@ def _masked_kernel_applies(
     )
 
 
+@dataclass
+class _CallDraws:
+    """What one call of :class:`RandomMask` draws from: its generator and, once drawn, the seed
+    of its streams (set at the call's start, cleared at its end). A plain object, so that the
+    call sets no attribute of the module (``nn.Module.__setattr__`` costs microseconds)."""
+
+    generator: torch.Generator | None = None
+    seed: int | None = None
+
+
 class RandomMask(_GatheredStructure):
     """Each query sees an exactly-``k`` uniformly random subset of the memories (paper Example 1).
 
@@ -1913,8 +1923,7 @@ class RandomMask(_GatheredStructure):
         self.eval_sampling: EvalSampling = eval_sampling
         self.max_block_elements = _check_positive_int("max_block_elements", max_block_elements)
         self._private: dict[str, torch.Generator] = {}
-        self._call_generator: torch.Generator | None = None
-        self._call_seed: int | None = None
+        self._call = _CallDraws()
 
     def extra_repr(self) -> str:
         count = f"k={self.k}" if self.k is not None else f"fraction={self.fraction:g}"
@@ -1940,15 +1949,15 @@ class RandomMask(_GatheredStructure):
         """The seed of this call's kernel-drawn subsets (:func:`native.sample_keep`,
         :func:`native.sample_indices`), drawn from its generator at the first use in the call:
         every block of queries and every path of the call draws from the same streams."""
-        if self._call_seed is None:
-            generator = self._call_generator
-            where = generator.device if generator is not None else "cpu"
-            draw = torch.randint(0, 1 << 62, (1,), generator=generator, device=where)
-            self._call_seed = int(draw)
-        return self._call_seed
+        call = self._call
+        if call.seed is None:
+            where = call.generator.device if call.generator is not None else "cpu"
+            draw = torch.randint(0, 1 << 62, (1,), generator=call.generator, device=where)
+            call.seed = int(draw)
+        return call.seed
 
     def _rand(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
-        generator = self._call_generator
+        generator = self._call.generator
         where = generator.device if generator is not None else device
         return torch.rand(shape, generator=generator, device=where).to(device)
 
@@ -1981,7 +1990,7 @@ class RandomMask(_GatheredStructure):
             )
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
-        self._call_generator = self._generator_for(q.device)
+        self._call.generator = self._generator_for(q.device)
         try:
             if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
                 return self._fused(q, k, v, separation, scale, mask, causal), None
@@ -2014,8 +2023,8 @@ class RandomMask(_GatheredStructure):
                 ),
             )
         finally:
-            self._call_generator = None
-            self._call_seed = None
+            self._call.generator = None
+            self._call.seed = None
 
     def _fused_ready(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """No forced keys (the kernel draws every key of a subset)."""
