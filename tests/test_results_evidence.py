@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-ALLOWED_SUFFIXES = {".json", ".md", ".png"}
+ALLOWED_SUFFIXES = {".json", ".jsonl", ".md", ".png"}  # .jsonl: a run's training log
 MAX_FILE_BYTES = 1 << 20  # 1 MiB
 MAX_TOTAL_BYTES = 20 << 20  # 20 MiB
 CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors"}
@@ -58,7 +58,9 @@ def test_evidence_is_small_json_markdown_and_figures() -> None:
         relative = "/".join(parts)
         if path.name == ".gitignore":
             continue
-        assert path.suffix in ALLOWED_SUFFIXES, f"{relative}: only JSON, Markdown and PNG"
+        assert path.suffix in ALLOWED_SUFFIXES, (
+            f"{relative}: only JSON, JSON lines, Markdown and PNG"
+        )
         assert path.suffix not in CHECKPOINT_SUFFIXES, f"{relative} is a checkpoint"
         assert not {"checkpoints", "work"} & set(parts), f"{relative} is in a work folder"
         size = path.stat().st_size
