@@ -706,6 +706,49 @@ def test_sample_indices_are_sample_keeps_subsets_in_any_cut_of_the_queries() -> 
         native.sample_indices(3, population, 8, 42)  # type: ignore[arg-type]
 
 
+_WORD = (1 << 64) - 1
+
+
+def _floyd_stream_reference(seed: int, stream: int, count: int, n: int) -> list[int]:
+    """The kernels' picks of one stream in plain Python integers: Floyd's algorithm on the
+    splitmix64 stream of ``(seed, stream)``, pick ``i`` the high word of ``draw * (top + 1)``
+    with ``top = n - count + i``, or ``top`` itself when that is taken."""
+    state, picks = seed ^ (stream * 0xD1342543DE82EF95 & _WORD), []
+    for i in range(count):
+        z = (state + (i + 1) * 0x9E3779B97F4A7C15) & _WORD
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _WORD
+        z ^= z >> 31
+        top = n - count + i
+        pick = (z * (top + 1)) >> 64
+        picks.append(top if pick in picks else pick)
+    return picks
+
+
+@pytest.mark.parametrize(
+    ("largest", "start", "length"), [(128, 0, None), (129, 0, None), (128, 3, 40), (300, 5, 60)]
+)
+def test_sample_indices_are_floyd_on_each_querys_splitmix64_stream(largest, start, length) -> None:
+    """The picks, in order, of every query's stream (``(b·H + h)·length + start + i``) as the
+    plain-Python reference draws them: whatever the kernel's grouping of the rows (16 at a
+    time, in vector lanes up to 128 keys, one by one above) and whatever each row's count and
+    population (all keys, none, one)."""
+    gen = torch.Generator().manual_seed(largest + start)
+    shape = (2, 3, 37)
+    population = torch.randint(1, largest + 1, shape, generator=gen)
+    population[0, 0, :4] = torch.tensor([1, largest, 64, 65])
+    count = (torch.rand(shape, generator=gen) * (population + 1)).long().clamp_max(population)
+    count[0, 0, :6] = torch.tensor([1, largest, 64, 0, 2, 5])
+    count = count.minimum(population)
+    seed = (1 << 64) - 12345
+    ours = native.sample_indices(count, population, largest, seed, start=start, length=length)
+    for b, h, i in ((b, h, i) for b in range(2) for h in range(3) for i in range(37)):
+        c, n = int(count[b, h, i]), int(population[b, h, i])
+        stream = (b * 3 + h) * (length or 37) + start + i
+        assert ours[b, h, i, :c].tolist() == _floyd_stream_reference(seed, stream, c, n)
+        assert not ours[b, h, i, c:].any()
+
+
 def _attention_reference(
     q, k, v, kept: torch.Tensor, scale: float, n: float, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

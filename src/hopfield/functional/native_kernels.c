@@ -263,20 +263,140 @@ static inline uint64_t stream_id(int64_t r, const stream_rows *rows) {
     return (uint64_t)((r / rows->queries) * rows->length + rows->start + r % rows->queries);
 }
 
+/* The first state of the splitmix64 stream of (seed, id) and the step between its states. */
+#define STREAM_START(seed, id) ((seed) ^ ((id) * 0xd1342543de82ef95ull))
+#define STREAM_STEP 0x9e3779b97f4a7c15ull
+
 /* Floyd's algorithm (as hop_floyd) for count distinct picks of [0, n), on the splitmix64 stream
  * of (seed, id): pick i takes a uniform draw of [0, top], top = n - count + i, or top itself
- * when that is taken. Marks the picks in taken (n bytes, zero on entry) and writes them to picks
- * (unless NULL), in order. */
+ * when that is taken. Marks the picks in taken (n bytes, zero on entry) and writes them to
+ * picks[i * stride] (unless picks is NULL), in order. */
 static void floyd_stream(uint64_t seed, uint64_t id, int64_t count, int64_t n,
-                         unsigned char *taken, int64_t *picks) {
-    const uint64_t start = seed ^ (id * 0xd1342543de82ef95ull);
+                         unsigned char *taken, int64_t *picks, int64_t stride) {
+    const uint64_t start = STREAM_START(seed, id);
     for (int64_t i = 0; i < count; i++) {
         uint64_t top = (uint64_t)(n - count + i);
-        uint64_t pick = below(splitmix64(start + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull), top + 1);
+        uint64_t pick = below(splitmix64(start + (uint64_t)(i + 1) * STREAM_STEP), top + 1);
         pick += (top - pick) & ((uint64_t)0 - taken[pick]); /* taken: top (no branch) */
         taken[pick] = 1;
-        if (picks) picks[i] = (int64_t)pick;
+        if (picks) picks[i * stride] = (int64_t)pick;
     }
+}
+
+/* floyd_streams draws FLOYD_LANES streams at once; with AVX-512 (F and DQ), eight 64-bit lanes
+ * a vector for every population of at most FLOYD_LANE_KEYS. */
+#define FLOYD_LANES 16
+#define FLOYD_LANE_KEYS 128
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* Eight streams of floyd_stream in the lanes of vectors: their states, their tops, their counts
+ * of picks and the map of the taken keys (keys 0-63 in lower, 64-127 in upper). */
+typedef struct {
+    __m512i state, top, counts, lower, upper;
+} floyd_group;
+
+static void floyd_group_start(floyd_group *g, uint64_t seed, const uint64_t *ids, int lanes,
+                              const int64_t *count, const int64_t *population) {
+    int64_t counts[8] = {0}, populations[8] = {0};
+    uint64_t streams[8] = {0};
+    for (int l = 0; l < lanes; l++)
+        counts[l] = count[l], populations[l] = population[l], streams[l] = ids[l];
+    g->counts = _mm512_loadu_si512(counts);
+    g->state = _mm512_xor_si512(
+        _mm512_set1_epi64((long long)seed),
+        _mm512_mullo_epi64(_mm512_loadu_si512(streams),
+                           _mm512_set1_epi64((long long)0xd1342543de82ef95ull)));
+    g->top = _mm512_sub_epi64(_mm512_loadu_si512(populations), g->counts);
+    g->lower = g->upper = _mm512_setzero_si512();
+}
+
+/* Pick i of the eight streams (as floyd_stream: splitmix64, the high word of draw * bound from
+ * two 32-bit products, exact as bound < 2^32, and top when the pick is taken); lanes whose
+ * count is reached leave their map alone. */
+static inline __m512i floyd_group_pick(floyd_group *g, int64_t i) {
+    const __m512i one = _mm512_set1_epi64(1), low_bits = _mm512_set1_epi64(63);
+    const __m512i half = _mm512_set1_epi64(64);
+    const __mmask8 active = _mm512_cmpgt_epi64_mask(g->counts, _mm512_set1_epi64(i));
+    g->state = _mm512_add_epi64(g->state, _mm512_set1_epi64((long long)STREAM_STEP));
+    __m512i z = _mm512_xor_si512(g->state, _mm512_srli_epi64(g->state, 30));
+    z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ull));
+    z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 27));
+    z = _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)0x94d049bb133111ebull));
+    z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+    const __m512i top = g->top, bound = _mm512_add_epi64(top, one);
+    const __m512i low = _mm512_srli_epi64(_mm512_mul_epu32(z, bound), 32);
+    const __m512i high = _mm512_mul_epu32(_mm512_srli_epi64(z, 32), bound);
+    const __m512i pick = _mm512_srli_epi64(_mm512_add_epi64(high, low), 32);
+    /* the bits of pick and top are made off the map's dependency chain */
+    const __mmask8 pick_upper = _mm512_cmpge_epu64_mask(pick, half);
+    const __mmask8 top_upper = _mm512_cmpge_epu64_mask(top, half);
+    const __m512i pick_bit = _mm512_sllv_epi64(one, _mm512_and_si512(pick, low_bits));
+    const __m512i top_bit = _mm512_sllv_epi64(one, _mm512_and_si512(top, low_bits));
+    const __m512i word = _mm512_mask_blend_epi64(pick_upper, g->lower, g->upper);
+    const __mmask8 taken = _mm512_test_epi64_mask(word, pick_bit);
+    const __m512i bit = _mm512_mask_blend_epi64(taken, pick_bit, top_bit);
+    const __mmask8 upper = (pick_upper & ~taken) | (top_upper & taken);
+    g->lower = _mm512_mask_or_epi64(g->lower, active & ~upper, g->lower, bit);
+    g->upper = _mm512_mask_or_epi64(g->upper, active & upper, g->upper, bit);
+    g->top = _mm512_add_epi64(top, one);
+    return _mm512_mask_blend_epi64(taken, pick, top);
+}
+#endif
+
+/* floyd_stream for the streams of rows first + l, l < lanes <= FLOYD_LANES, of a stream_rows
+ * layout: row l draws count[l] picks of [0, population[l]) into drawn (FLOYD_LANES * span
+ * slots, span >= every count), the picks those of floyd_stream, bit for bit. With AVX-512 and
+ * every population at most FLOYD_LANE_KEYS, two floyd_groups side by side (their chains
+ * overlap), pick i of row l at drawn[FLOYD_LANES * i + l]: returns FLOYD_LANES. Else one row
+ * after another, with taken (zero on entry and on return) as floyd_stream's map, row l's picks
+ * in order at drawn + l * span: returns 1. */
+static int64_t floyd_streams(uint64_t seed, const stream_rows *rows, int64_t first, int lanes,
+                             const int64_t *count, const int64_t *population,
+                             unsigned char *taken, int64_t *drawn, int64_t span) {
+    uint64_t ids[FLOYD_LANES];
+    for (int l = 0; l < lanes; l++) ids[l] = stream_id(first + l, rows);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    int64_t most = 0, widest = 0;
+    for (int l = 0; l < lanes; l++) {
+        most = count[l] > most ? count[l] : most;
+        widest = population[l] > widest ? population[l] : widest;
+    }
+    if (widest <= FLOYD_LANE_KEYS) {
+        floyd_group first_eight, second_eight;
+        floyd_group_start(&first_eight, seed, ids, lanes < 8 ? lanes : 8, count, population);
+        floyd_group_start(&second_eight, seed, ids + 8, lanes > 8 ? lanes - 8 : 0, count + 8,
+                          population + 8);
+        for (int64_t i = 0; i < most; i++) {
+            _mm512_storeu_si512(drawn + FLOYD_LANES * i, floyd_group_pick(&first_eight, i));
+            _mm512_storeu_si512(drawn + FLOYD_LANES * i + 8, floyd_group_pick(&second_eight, i));
+        }
+        return FLOYD_LANES;
+    }
+#endif
+    for (int l = 0; l < lanes; l++) {
+        int64_t *picks = drawn + l * span;
+        floyd_stream(seed, ids[l], count[l], population[l], taken, picks, 1);
+        for (int64_t i = 0; i < count[l]; i++) taken[picks[i]] = 0;
+    }
+    return 1;
+}
+
+/* Row l's count picks of floyd_streams (which returned step) in order, mapped through allowed
+ * (unless NULL): in place in drawn when they lie in order there (step 1), else copied to
+ * picks. */
+static inline int64_t *lane_picks(int64_t *drawn, int64_t step, int64_t span, int l,
+                                  int64_t count, const int64_t *allowed, int64_t *picks) {
+    if (step == 1) {
+        int64_t *mine = drawn + l * span;
+        if (allowed)
+            for (int64_t i = 0; i < count; i++) mine[i] = allowed[mine[i]];
+        return mine;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t pick = drawn[step * i + l];
+        picks[i] = allowed ? allowed[pick] : pick;
+    }
+    return picks;
 }
 
 /* The picks of hop_sample_keep as indices: row r of out (R, slots) holds the min(count[r],
@@ -291,18 +411,32 @@ typedef struct {
 
 static int indices_range(void *p, int64_t lo, int64_t hi) {
     indices_args *a = (indices_args *)p;
+    const int64_t slots = a->slots;
     unsigned char *taken = (unsigned char *)calloc(a->width > 0 ? a->width : 1, 1);
-    if (!taken) return HOP_NO_MEMORY;
-    for (int64_t r = lo; r < hi; r++) {
-        int64_t n = a->population[r], count = a->count[r], *out = a->out + r * a->slots;
-        count = count < n ? count : n;
-        count = count < a->slots ? count : a->slots;
-        floyd_stream(a->seed, stream_id(r, &a->rows), count, n, taken, out);
-        for (int64_t i = 0; i < count; i++) taken[out[i]] = 0;
-        for (int64_t i = count; i < a->slots; i++) out[i] = 0;
+    int64_t *drawn = (int64_t *)malloc(sizeof(int64_t) * FLOYD_LANES * (slots > 0 ? slots : 1));
+    const int status = !taken || !drawn ? HOP_NO_MEMORY : 0;
+    if (status) lo = hi; /* nothing to do but free */
+    for (int64_t g = lo; g < hi; g += FLOYD_LANES) {
+        const int lanes = (int)(hi - g < FLOYD_LANES ? hi - g : FLOYD_LANES);
+        int64_t counts[FLOYD_LANES], populations[FLOYD_LANES];
+        for (int l = 0; l < lanes; l++) {
+            const int64_t n = a->population[g + l], count = a->count[g + l];
+            const int64_t most = n < slots ? n : slots;
+            populations[l] = n;
+            counts[l] = count < most ? count : most;
+        }
+        const int64_t step =
+            floyd_streams(a->seed, &a->rows, g, lanes, counts, populations, taken, drawn, slots);
+        for (int l = 0; l < lanes; l++) {
+            int64_t *out = a->out + (g + l) * slots;
+            memcpy(out, lane_picks(drawn, step, slots, l, counts[l], NULL, out),
+                   sizeof(int64_t) * counts[l]);
+            for (int64_t i = counts[l]; i < slots; i++) out[i] = 0;
+        }
     }
     free(taken);
-    return 0;
+    free(drawn);
+    return status;
 }
 
 int hop_sample_indices(const int64_t *count, const int64_t *population, int64_t rows,
@@ -741,16 +875,13 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
         stream_rows rows;                                                                         \
     } sample_args_##SUFFIX;                                                                       \
                                                                                                   \
+    /* Row r of the keep: its picks marked in taken (width bytes), which it leaves zero. */       \
     static void sample_row_##SUFFIX(const sample_args_##SUFFIX *a, int64_t r, unsigned char *taken) {\
         const keep_args_##SUFFIX *keep = &a->keep;                                                \
         const int64_t width = keep->width;                                                        \
         const T *x = keep->x + r * width;                                                         \
         T *out = keep->out + r * width;                                                           \
-        int64_t n = a->population[r], count = keep->count[r];                                     \
-        n = n < width ? n : width;                                                                \
-        count = count < n ? count : n;                                                            \
-        floyd_stream(a->seed, stream_id(r, &a->rows), count, n, taken, NULL);                    \
-        /* kept or -inf by bit masks (no branch on the random picks); out may be x */            \
+        /* kept or -inf by bit masks (no branch on the random picks); out may be x */             \
         const int bias = keep->mode == KEEP_BIAS;                                                 \
         const T scale = keep->scale, dropped = -INFINITY;                                         \
         KEY dropped_bits;                                                                         \
@@ -766,15 +897,35 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
         if (keep->mode == KEEP_SOFTMAX) softmax_n_##SUFFIX(out, width, keep->n);                  \
     }                                                                                             \
                                                                                                   \
+    /* The rows [lo, hi), FLOYD_LANES rows' draws at once (floyd_streams). */                     \
     static int sample_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                           \
         sample_args_##SUFFIX *a = (sample_args_##SUFFIX *)p;                                      \
-        unsigned char *taken = (unsigned char *)calloc(a->keep.width > 0 ? a->keep.width : 1, 1); \
-        if (!taken) return HOP_NO_MEMORY;                                                         \
-        for (int64_t r = lo; r < hi; r++) sample_row_##SUFFIX(a, r, taken);                       \
+        const int64_t width = a->keep.width;                                                      \
+        unsigned char *taken = (unsigned char *)calloc(width > 0 ? width : 1, 1);                 \
+        const int64_t size = sizeof(int64_t) * FLOYD_LANES * (width > 0 ? width : 1);              \
+        int64_t *drawn = (int64_t *)malloc(size);                                                 \
+        const int status = !taken || !drawn ? HOP_NO_MEMORY : 0;                                  \
+        if (status) lo = hi; /* nothing to do but free */                                         \
+        for (int64_t g = lo; g < hi; g += FLOYD_LANES) {                                          \
+            const int lanes = (int)(hi - g < FLOYD_LANES ? hi - g : FLOYD_LANES);                 \
+            int64_t counts[FLOYD_LANES], populations[FLOYD_LANES];                                \
+            for (int l = 0; l < lanes; l++) {                                                     \
+                const int64_t n = a->population[g + l] < width ? a->population[g + l] : width;    \
+                populations[l] = n;                                                               \
+                counts[l] = a->keep.count[g + l] < n ? a->keep.count[g + l] : n;                  \
+            }                                                                                     \
+            const int64_t step = floyd_streams(a->seed, &a->rows, g, lanes, counts, populations,  \
+                                               taken, drawn, width);                              \
+            const int64_t lane = step == 1 ? width : 1; /* the distance between rows' picks */    \
+            for (int l = 0; l < lanes; l++) {                                                     \
+                for (int64_t i = 0; i < counts[l]; i++) taken[drawn[l * lane + i * step]] = 1;    \
+                sample_row_##SUFFIX(a, g + l, taken);                                             \
+            }                                                                                     \
+        }                                                                                         \
         free(taken);                                                                              \
-        return 0;                                                                                 \
+        free(drawn);                                                                              \
+        return status;                                                                            \
     }                                                                                             \
-                                                                                                  \
     int hop_sample_keep_##SUFFIX(const T *x, int64_t rows, int64_t width, const int64_t *count,   \
                                   const int64_t *population, uint64_t seed, int64_t queries,      \
                                   int64_t length, int64_t start, T scale, int mode, T n, T *out,  \
@@ -1147,11 +1298,13 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
         const int64_t L = a->length, S = a->size, E = a->dim, Ev = a->vdim, k = a->upper;         \
         const int64_t R = a->rows, blocks = (L + R - 1) / R;                                      \
         unsigned char *taken = (unsigned char *)calloc(S > 0 ? S : 1, 1);                         \
-        int64_t *picks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));                    \
+        int64_t *drawn = (int64_t *)malloc(sizeof(int64_t) * FLOYD_LANES * (k > 0 ? k : 1));      \
+        int64_t *copied = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));                   \
         T *w = (T *)malloc(sizeof(T) * (k > 0 ? k : 1));                                          \
         T *scores = a->gemm ? (T *)malloc(sizeof(T) * (R * S > 0 ? R * S : 1)) : NULL;            \
-        const int status = !taken || !picks || !w || (a->gemm && !scores) ? HOP_NO_MEMORY : 0;    \
-        if (status) lo = hi; /* nothing to do but free */                                        \
+        const int status =                                                                        \
+            !taken || !drawn || !copied || !w || (a->gemm && !scores) ? HOP_NO_MEMORY : 0;        \
+        if (status) lo = hi; /* nothing to do but free */                                         \
         const stream_rows whole = {L, L, 0};                                                      \
         const T zero = 0;                                                                         \
         for (int64_t item = lo; item < hi; item++) {                                              \
@@ -1161,32 +1314,40 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
             const int64_t *allowed = a->keys ? a->keys + b * S : NULL;                            \
             int64_t end = 0; /* the keys the block's scores reach */                              \
             for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t drawn = POPULATION_OF(a, b, r0 + i);                                \
-                const int64_t reach = allowed ? (drawn ? allowed[drawn - 1] + 1 : 0) : drawn;     \
+                const int64_t n = POPULATION_OF(a, b, r0 + i);                                    \
+                const int64_t reach = allowed ? (n ? allowed[n - 1] + 1 : 0) : n;                 \
                 end = reach > end ? reach : end;                                                  \
             }                                                                                     \
             if (a->gemm && end > 0)                                                               \
                 a->gemm("T", "N", &end, &m, &E, &a->scale, kb, &E, a->q + (b * L + r0) * E, &E,   \
                         &zero, scores, &end);                                                     \
-            for (int64_t i = 0; i < m; i++) {                                                     \
-                const int64_t r = b * L + r0 + i, count = COUNT_OF(a, b, r0 + i);                 \
-                const T *qr = a->q + r * E;                                                       \
-                floyd_stream(a->seed, stream_id(r, &whole), count, POPULATION_OF(a, b, r0 + i),   \
-                             taken, picks);                                                       \
-                for (int64_t j = 0; j < count; j++) taken[picks[j]] = 0;                          \
-                if (allowed)                                                                      \
-                    for (int64_t j = 0; j < count; j++) picks[j] = allowed[picks[j]];             \
-                if (a->gemm)                                                                      \
-                    for (int64_t j = 0; j < count; j++) w[j] = scores[i * end + picks[j]];        \
-                else                                                                              \
-                    dots_##SUFFIX(qr, kb, picks, count, E, a->scale, w);                          \
-                if (bias)                                                                         \
-                    for (int64_t j = 0; j < count; j++) w[j] += bias[picks[j]];                   \
-                attend_query_##SUFFIX(a, r, w, picks, count, a->v + b * S * Ev);                  \
+            /* the draws of FLOYD_LANES queries at once, then each query's weighted sum */        \
+            for (int64_t g = 0; g < m; g += FLOYD_LANES) {                                        \
+                const int lanes = (int)(m - g < FLOYD_LANES ? m - g : FLOYD_LANES);               \
+                int64_t counts[FLOYD_LANES], populations[FLOYD_LANES];                            \
+                for (int l = 0; l < lanes; l++) {                                                 \
+                    counts[l] = COUNT_OF(a, b, r0 + g + l);                                       \
+                    populations[l] = POPULATION_OF(a, b, r0 + g + l);                             \
+                }                                                                                 \
+                const int64_t step = floyd_streams(a->seed, &whole, b * L + r0 + g, lanes,        \
+                                                   counts, populations, taken, drawn, k);         \
+                for (int l = 0; l < lanes; l++) {                                                 \
+                    const int64_t i = g + l, r = b * L + r0 + i, count = counts[l];               \
+                    const T *qr = a->q + r * E;                                                   \
+                    const int64_t *picks = lane_picks(drawn, step, k, l, count, allowed, copied); \
+                    if (a->gemm)                                                                  \
+                        for (int64_t j = 0; j < count; j++) w[j] = scores[i * end + picks[j]];    \
+                    else                                                                          \
+                        dots_##SUFFIX(qr, kb, picks, count, E, a->scale, w);                      \
+                    if (bias)                                                                     \
+                        for (int64_t j = 0; j < count; j++) w[j] += bias[picks[j]];               \
+                    attend_query_##SUFFIX(a, r, w, picks, count, a->v + b * S * Ev);              \
+                }                                                                                 \
             }                                                                                     \
         }                                                                                         \
         free(taken);                                                                              \
-        free(picks);                                                                              \
+        free(drawn);                                                                              \
+        free(copied);                                                                             \
         free(w);                                                                                  \
         free(scores);                                                                             \
         return status;                                                                            \
