@@ -1065,7 +1065,9 @@ def test_fused_kernels_equal_the_gathered_path(
     for cls in (TopK, RandomMask):  # the gathered path (with gradients: the recomputed one)
         monkeypatch.setattr(cls, "_attends_fused", lambda *args: False)
         monkeypatch.setattr(cls, "_dense_fits", lambda *args: False)
-    tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (1e-10, 1e-12)
+    # float32: two summation orders over up to 64 keys of values ~1 whose weighted sum may be
+    # ~0.05 (an ASan build of the kernels, other vector code, differed by 1.8e-6 in one entry)
+    tolerance = (1e-5, 1e-5) if dtype == torch.float32 else (1e-10, 1e-12)
     for ours, gathered in zip(fused, run(), strict=True):
         torch.testing.assert_close(ours, gathered, rtol=tolerance[0], atol=tolerance[1])
 
