@@ -491,6 +491,21 @@ def test_figures_3_and_4_read_the_per_layer_norms_of_each_seed(tmp_path: Path) -
     assert "no outliers or outliers-opt results" in note
 
 
+def test_a_record_reads_only_the_runs_of_the_variants_it_aggregated(tmp_path: Path) -> None:
+    """A campaign commits each run as it lands beside an interim record: runs of a variant the
+    record's config leaves out enter none of its verdicts until the record is made again."""
+    grows = write_bert_layers(tmp_path, 6, [1.0, 2.0, 4.0, 8.0], [1.0, 1.1, 1.0, 1.05],
+                              ln_gap=2.0)  # fmt: skip
+    assert grows["OEH-F4-layernorm"]["verdict"] == "holds"  # a config without variants: all runs
+    path = tmp_path / "outliers-bert" / "results.json"
+    record = json.loads(path.read_text())
+    for variants, verdict in ((["softmax", "softmax1"], "holds"), (["softmax"], "not run")):
+        record["config"] = {"variants": variants}
+        path.write_text(json.dumps(record))
+        judged = {r["id"]: r for r in evaluate(tmp_path)}
+        assert judged["OEH-F4-layernorm"]["verdict"] == verdict, judged["OEH-F4-layernorm"]["note"]
+
+
 def efficiency_flops_record(
     root: Path, sparse_factor: float, table_name: str = "Matrix-product FLOPs"
 ) -> dict[str, Any]:

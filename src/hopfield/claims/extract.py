@@ -283,6 +283,12 @@ _FORMED_GAP_PCT, _FORMED_KURTOSIS = 1.0, 10.0
 
 
 def _outlier_runs(record: ExperimentRecord, family: str, variant: str) -> dict[str, dict]:
+    """The runs of ``variant`` the record aggregated, by seed: none of a variant its config
+    leaves out, even where the folder holds its runs (a campaign commits each run as it lands,
+    and a record's verdicts must not move until the record itself is made again)."""
+    named = record.config.get("variants")
+    if named is not None and variant not in named:
+        return {}
     runs = {}
     for path in record.files(f"runs/{family}/{variant}/seed-*/result.json"):
         run = record.side(str(path.relative_to(record.folder)))
