@@ -263,8 +263,9 @@ static inline uint64_t stream_id(int64_t r, const stream_rows *rows) {
     return (uint64_t)((r / rows->queries) * rows->length + rows->start + r % rows->queries);
 }
 
-/* The first state of the splitmix64 stream of (seed, id) and the step between its states. */
-#define STREAM_START(seed, id) ((seed) ^ ((id) * 0xd1342543de82ef95ull))
+/* The first state of the splitmix64 stream of (seed, id), seed ^ id * STREAM_KEY, and the step
+ * between its states. */
+#define STREAM_KEY 0xd1342543de82ef95ull
 #define STREAM_STEP 0x9e3779b97f4a7c15ull
 
 /* Floyd's algorithm (as hop_floyd) for count distinct picks of [0, n), on the splitmix64 stream
@@ -273,7 +274,7 @@ static inline uint64_t stream_id(int64_t r, const stream_rows *rows) {
  * picks[i * stride] (unless picks is NULL), in order. */
 static void floyd_stream(uint64_t seed, uint64_t id, int64_t count, int64_t n,
                          unsigned char *taken, int64_t *picks, int64_t stride) {
-    const uint64_t start = STREAM_START(seed, id);
+    const uint64_t start = seed ^ (id * STREAM_KEY);
     for (int64_t i = 0; i < count; i++) {
         uint64_t top = (uint64_t)(n - count + i);
         uint64_t pick = below(splitmix64(start + (uint64_t)(i + 1) * STREAM_STEP), top + 1);
@@ -304,8 +305,7 @@ static void floyd_group_start(floyd_group *g, uint64_t seed, const uint64_t *ids
     g->counts = _mm512_loadu_si512(counts);
     g->state = _mm512_xor_si512(
         _mm512_set1_epi64((long long)seed),
-        _mm512_mullo_epi64(_mm512_loadu_si512(streams),
-                           _mm512_set1_epi64((long long)0xd1342543de82ef95ull)));
+        _mm512_mullo_epi64(_mm512_loadu_si512(streams), _mm512_set1_epi64((long long)STREAM_KEY)));
     g->top = _mm512_sub_epi64(_mm512_loadu_si512(populations), g->counts);
     g->lower = g->upper = _mm512_setzero_si512();
 }
@@ -381,19 +381,23 @@ static int64_t floyd_streams(uint64_t seed, const stream_rows *rows, int64_t fir
     return 1;
 }
 
-/* Row l's count picks of floyd_streams (which returned step) in order, mapped through allowed
- * (unless NULL): in place in drawn when they lie in order there (step 1), else copied to
- * picks. */
+/* Where floyd_streams (which returned step, given span) put pick i of row l in drawn. */
+static inline int64_t drawn_at(int64_t step, int64_t span, int l, int64_t i) {
+    return step == 1 ? l * span + i : step * i + l;
+}
+
+/* Row l's count picks of floyd_streams in order, mapped through allowed (unless NULL): in place
+ * in drawn when they lie in order there (step 1), else copied to picks. */
 static inline int64_t *lane_picks(int64_t *drawn, int64_t step, int64_t span, int l,
                                   int64_t count, const int64_t *allowed, int64_t *picks) {
     if (step == 1) {
-        int64_t *mine = drawn + l * span;
+        int64_t *mine = drawn + drawn_at(step, span, l, 0);
         if (allowed)
             for (int64_t i = 0; i < count; i++) mine[i] = allowed[mine[i]];
         return mine;
     }
     for (int64_t i = 0; i < count; i++) {
-        const int64_t pick = drawn[step * i + l];
+        const int64_t pick = drawn[drawn_at(step, span, l, i)];
         picks[i] = allowed ? allowed[pick] : pick;
     }
     return picks;
@@ -429,8 +433,7 @@ static int indices_range(void *p, int64_t lo, int64_t hi) {
             floyd_streams(a->seed, &a->rows, g, lanes, counts, populations, taken, drawn, slots);
         for (int l = 0; l < lanes; l++) {
             int64_t *out = a->out + (g + l) * slots;
-            memcpy(out, lane_picks(drawn, step, slots, l, counts[l], NULL, out),
-                   sizeof(int64_t) * counts[l]);
+            for (int64_t i = 0; i < counts[l]; i++) out[i] = drawn[drawn_at(step, slots, l, i)];
             for (int64_t i = counts[l]; i < slots; i++) out[i] = 0;
         }
     }
@@ -916,9 +919,9 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
             }                                                                                     \
             const int64_t step = floyd_streams(a->seed, &a->rows, g, lanes, counts, populations,  \
                                                taken, drawn, width);                              \
-            const int64_t lane = step == 1 ? width : 1; /* the distance between rows' picks */    \
             for (int l = 0; l < lanes; l++) {                                                     \
-                for (int64_t i = 0; i < counts[l]; i++) taken[drawn[l * lane + i * step]] = 1;    \
+                for (int64_t i = 0; i < counts[l]; i++)                                           \
+                    taken[drawn[drawn_at(step, width, l, i)]] = 1;                                \
                 sample_row_##SUFFIX(a, g + l, taken);                                             \
             }                                                                                     \
         }                                                                                         \
