@@ -937,7 +937,7 @@ class _FusedSoftmax(torch.autograd.Function):
         scale: float,
         attend: Callable[..., Tensor],
     ) -> Tensor:
-        slots = int(count.max()) if count.numel() else 0
+        slots = native.largest(count)
         idx = torch.empty(*q.shape[:-1], slots, dtype=torch.int64)
         weights = q.new_empty(*q.shape[:-1], slots)
         out = attend(q, k, v, support=(idx, weights))
@@ -2197,7 +2197,7 @@ class RandomMask(_GatheredStructure):
         counts = self._key_mask_counts(bias, (batch, heads, size), start, rows, length, causal)
         count, in_order = counts.count, counts.allowed_keys()
         assert in_order is not None
-        slots = max(int(count.max()) if count.numel() else 0, 1)
+        slots = max(native.largest(count), 1)
         drawn = native.sample_indices(
             count, counts.valid, slots, self._stream_seed(), start=start, length=length
         )
@@ -2248,8 +2248,7 @@ class RandomMask(_GatheredStructure):
                 batch, heads, rows
             )
             count = kept_count(n, self.k, self.fraction)
-            slots = int(count.max()) if count.numel() else 0
-            slots = max(slots, 1)
+            slots = max(native.largest(count), 1)
 
             def draw(shape: tuple[int, ...]) -> Tensor:
                 return self._rand(shape, device)
@@ -2283,7 +2282,7 @@ class RandomMask(_GatheredStructure):
         allowed = allowed.expand(batch, heads, rows, size)
         n = allowed.sum(-1)
         count = kept_count(n, self.k, self.fraction)
-        slots = max(int(count.max()), 1)
+        slots = max(native.largest(count), 1)
         priority = self._rand((batch, heads, rows, size), device)
         excluded = n - count
         most_excluded = int(excluded.max())

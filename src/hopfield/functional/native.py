@@ -958,7 +958,7 @@ def _pointer(tensor: Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _largest(counts: Tensor) -> int:
+def largest(counts: Tensor) -> int:
     """The largest of ``counts`` (0 when empty)."""
     return int(counts.max()) if counts.numel() else 0
 
@@ -1022,7 +1022,7 @@ def topk_attend(
     q3, k3, v3, sizes, counts, populations, bias, strides, out = _attend_inputs(
         q, k, v, count, population, bias
     )
-    idx_out, w_out = _support_outputs(support, q, _largest(counts) if support else 0)
+    idx_out, w_out = _support_outputs(support, q, largest(counts) if support else 0)
     gemm, local = _blas_pointers(q.dtype)
     if gemm is None:
         raise RuntimeError("no BLAS product found for the fused Top-K kernel")
@@ -1073,7 +1073,7 @@ def sample_attend(
     allowed = _per_key("keys", keys, q, k)
     if allowed is not None:
         allowed = _check_index(allowed, k.shape[-2], "keys")
-    kept = _largest(counts)
+    kept = largest(counts)
     idx_out, w_out = _support_outputs(support, q, kept)
     _stream_rows(q.shape[:-1], seed, 0, None)
     heads, length, size, dim, vdim = sizes
@@ -1115,7 +1115,7 @@ def attend_backward(
     q3, k3, v3, sizes = _attend_tensors(q, k, v)
     counts, count_stride = _per_query("count", count, q.shape[:-1])
     idx, weights = support
-    _support_outputs(support, q, _largest(counts))  # the kernel checks the indices' range
+    _support_outputs(support, q, largest(counts))  # the kernel checks the indices' range
     if grad.shape != (*q.shape[:-1], v.shape[-1]):
         raise ValueError(
             f"grad must have the output's shape {(*q.shape[:-1], v.shape[-1])}, got "
