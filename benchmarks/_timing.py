@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
     """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls."""
@@ -92,3 +94,16 @@ def format_row(row: dict[str, Any]) -> str:
         f"{row['row']:40s} {1e3 * row['ours_s']:9.1f} {1e3 * row['peer_s']:9.1f} "
         f"{row['ratio']:6.2f} {low:5.2f}..{high:<5.2f} <= {row['target']:g} {met}  {row['peer']}"
     )
+
+
+def timed_pass(fn: Callable[[], torch.Tensor], backward: bool) -> Callable[[], object]:
+    """``fn`` as one timed call: the forward and backward of its output's sum (``backward``), or
+    a forward without autograd."""
+    if backward:
+        return lambda: fn().sum().backward()
+
+    def forward() -> object:
+        with torch.no_grad():
+            return fn()
+
+    return forward

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from _timing import ROW_HEADER, format_row, ratio_row
+from _timing import ROW_HEADER, format_row, ratio_row, timed_pass
 from hopfield.functional import Softmax, associate
 from hopfield.functional.efficient import RandomMask, TopK
 from hopfield.functional.efficient_kernel import RandomFeatures
@@ -74,17 +74,7 @@ def case(
     def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def run(fn: Callable[[], torch.Tensor]) -> Callable[[], object]:
-        if backward:
-            return lambda: fn().sum().backward()
-
-        def forward() -> object:
-            with torch.no_grad():
-                return fn()
-
-        return forward
-
-    return run(ours), run(sdpa)
+    return timed_pass(ours, backward), timed_pass(sdpa, backward)
 
 
 def rows(

@@ -97,3 +97,30 @@ def test_the_memory_rows_become_one_sentence(tmp_path: Path) -> None:
     section = bench_peers.render_section(record)
     assert "L = S = 16384 (B 1, H 1, E 64" in section
     assert "sparsemax 124 / 137 MiB (fwd / fwd+bwd); topk64 72 / 80 MiB" in section
+
+
+def test_the_plain_random_feature_peer_computes_what_random_features_compute() -> None:
+    """The equal-arithmetic peer of the random-feature rows gives our output and gradients
+    (float64), so its time is the time of the same computation; a wrong scale would not."""
+    import torch
+
+    from hopfield.functional import associate
+    from hopfield.functional.efficient_kernel import RandomFeatures
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(2, 3, 40, 16, dtype=torch.float64, generator=gen).requires_grad_()
+        for _ in range(3)
+    )
+    structure = RandomFeatures(seed=1, dtype=torch.float64)
+    ours = associate(q, k, v, structure=structure)
+    assert isinstance(ours, torch.Tensor) and structure.projection is not None
+    peer = bench_peers.plain_random_features(q, k, v, structure.projection)
+    torch.testing.assert_close(peer, ours, rtol=1e-10, atol=1e-12)
+    weights = torch.randn(ours.shape, dtype=torch.float64, generator=gen)
+    grads = torch.autograd.grad((ours * weights).sum(), (q, k, v))
+    peer_grads = torch.autograd.grad((peer * weights).sum(), (q, k, v))
+    for got, expected in zip(peer_grads, grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-11)
+    wrong = bench_peers.plain_random_features(q * 2, k, v, structure.projection)
+    assert not torch.allclose(wrong, ours, rtol=1e-3)
