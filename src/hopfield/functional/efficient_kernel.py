@@ -277,11 +277,6 @@ def _padding_count(count: int) -> int:
     return -count % _FEATURE_MULTIPLE if count >= 8 * _FEATURE_MULTIPLE else 0
 
 
-def _padding(features: Tensor, count: int) -> Tensor:
-    """Indices of the padding features (those past the ``count`` drawn ones) of ``features``."""
-    return torch.arange(count, features.shape[-1], device=features.device)
-
-
 class RandomFeatures(_KernelStructure):
     """Random-feature association (FAVOR+, Choromanski et al. 2021; paper Proposition E.3).
 
@@ -478,10 +473,10 @@ class RandomFeatures(_KernelStructure):
         if self.kernel_name == "relu":
             out = mapped.clamp_min(0.0).add_(self.relu_eps)
             if extra:
-                out = out.index_fill_(-1, _padding(out, count), 0.0)
+                out[..., count:] = 0.0
         else:
             if extra:  # padding features get the logit -inf: exactly 0 after the exponential
-                mapped.index_fill_(-1, _padding(mapped, count), -math.inf)
+                mapped[..., count:] = -math.inf
             out = self._exponential(
                 mapped, x, root, scaled, is_query, stabilize, key_weights, count
             )
@@ -506,7 +501,7 @@ class RandomFeatures(_KernelStructure):
             # The per-query stabiliser cancels the per-query -‖x'‖²/2 exactly: leave both out.
             with torch.no_grad():
                 shift = mapped.amax(dim=-1, keepdim=True)
-                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+                shift = shift.nan_to_num_(0.0, 0.0, 0.0)  # no finite logit: no shift
             return mapped.sub_(shift + log_root_m).exp_()
         if scaled is None:
             scaled = x * root
@@ -521,7 +516,7 @@ class RandomFeatures(_KernelStructure):
                     else:
                         logits_valid = logits
                     shift = logits_valid.amax(dim=(-1, -2), keepdim=True)
-                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+                shift = shift.nan_to_num_(0.0, 0.0, 0.0)  # no finite logit: no shift
             return logits.sub_(shift + log_root_m).exp_()
         return logits.sub_(log_root_m).exp_()
 
