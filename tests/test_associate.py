@@ -264,6 +264,74 @@ def test_split_key_flash_in_low_precision_matches_the_whole_call(split_keys, dty
     torch.testing.assert_close(split.float(), whole.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("sep", [Softmax(), SoftmaxN(1)], ids=repr)
+def test_many_wide_queries_take_whole_products_with_reference_values_and_gradients(
+    sep: Separation,
+) -> None:
+    """Between 96 and 767 queries no wider than their patterns, the scores are computed whole;
+    values, lse and the kernel backward's gradients from them are the reference's."""
+    from hopfield.functional import structures
+
+    length, size, width = 100, 300, 128
+    q, k, v = (
+        torch.randn(1, 2, n, width, dtype=torch.float64).requires_grad_(True)
+        for n in (length, size, size)
+    )
+    assert structures._by_products(q, k, None, False)
+    scale = 1 / math.sqrt(width)
+    out = associate(q, k, v, separation=sep)
+    expected = reference(q, k, v, sep, scale, None)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+    _, lse = structures.flash_attention(q, k, v, None, False, scale)
+    scores = torch.einsum("bhle,bhse->bhls", q, k) * scale
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+
+
+def test_whole_products_in_float32_match_the_kernels_own_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hopfield.functional import structures
+
+    q, k, v = (torch.randn(2, 1, n, 100) for n in (100, 500, 500))
+    assert structures._by_products(q, k, None, False)
+    whole, whole_lse = structures.flash_attention(q, k, v, None, False, 0.1)
+    monkeypatch.setattr(structures, "PRODUCT_QUERIES", range(0))
+    kernel, kernel_lse = structures.flash_attention(q, k, v, None, False, 0.1)
+    torch.testing.assert_close(whole, kernel, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(whole_lse, kernel_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_scores_are_computed_whole_only_where_they_are_no_larger_than_the_keys() -> None:
+    """Not below 96 or from 768 queries, not for queries wider than their patterns, with a
+    mask, causal, in half precision or without keys."""
+    from hopfield.functional import structures
+
+    def whole(
+        length: int,
+        width: int = 800,
+        size: int = 50,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> bool:
+        q = torch.randn(1, 1, length, width, dtype=dtype)
+        k = torch.randn(1, 1, size, width, dtype=dtype)
+        return structures._by_products(q, k, mask, causal)
+
+    assert whole(96) and whole(767) and whole(100, width=100)
+    assert not whole(95) and not whole(768) and not whole(100, width=99)
+    assert not whole(100, mask=torch.zeros(1, 1, 1, 50))
+    assert not whole(100, causal=True)
+    assert not whole(100, dtype=torch.bfloat16)
+    assert not whole(100, size=0)
+
+
 def test_keys_are_split_only_where_it_balances_the_threads(split_keys) -> None:  # type: ignore[no-untyped-def]
     """No split with a mask, causal association, as many batch-heads as threads, too few keys,
     or several heads whose keys do not divide into views."""

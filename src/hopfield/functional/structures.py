@@ -474,10 +474,51 @@ def _key_parts(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> in
     return parts
 
 
+#: The query counts whose scores :func:`flash_attention` computes as whole matrix products (where
+#: they are no larger than the keys). The CPU flash kernel works in blocks of 32 queries below
+#: 192 and of 64 below 768 (then 256); from about 96 queries one head's ``(L, E) × (E, S)``
+#: product runs faster in one BLAS call than block by block. ``retrieve`` from 10,000 patterns
+#: of width 784 on two threads, ÷ ``softmax(βQMᵀ)M`` (two runs each, 28 Nov): 600 queries
+#: 1.06–1.14 in the kernel, 1.02 whole; 100–300 queries 0.98–1.05 either way; 64 queries 0.81–0.83
+#: in the kernel's split-key calls, where the whole product would be the formula's 1.0.
+PRODUCT_QUERIES = range(96, 768)
+
+
+def _by_products(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> bool:
+    """Whether :func:`flash_attention` takes :func:`_attention_by_products`: no mask, not
+    causal, float32 or float64, ``L`` in :data:`PRODUCT_QUERIES`, at least one key, and the
+    scores ``(B, H, L, S)`` no larger than the keys ``(B, H, S, E)`` (``L <= E``)."""
+    length = q.shape[-2]
+    return (
+        mask is None
+        and not is_causal
+        and q.dtype in (torch.float32, torch.float64)
+        and length in PRODUCT_QUERIES
+        and length <= q.shape[-1]
+        and k.shape[-2] > 0
+    )
+
+
+def _attention_by_products(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Softmax attention ``(out (B, H, L, Ev), lse (B, H, L))`` from the whole score matrix:
+    two matrix products and the row-wise shift, exponential and sum in place (a transient
+    ``(B, H, L, S)``), as the kernel's forward gives them up to rounding."""
+    scores = torch.matmul(q * scale if scale != 1.0 else q, k.transpose(-2, -1))
+    top = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(top).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights, v).div_(total)
+    return out, (top + total.log()).squeeze(-1)
+
+
 def flash_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float
 ) -> tuple[Tensor, Tensor]:
     """The CPU flash kernel's ``(out (B, H, L, Ev), lse (B, H, L))`` of softmax attention.
+
+    Between 96 and 767 queries of width at least their count, the scores are computed whole
+    instead (:data:`PRODUCT_QUERIES`, :func:`_attention_by_products`): the same ``out`` and
+    ``lse`` up to rounding, which the kernel's backward takes as its own.
 
     The kernel shares its work among threads by batch, head and block of queries only, so few
     heads with few queries leave threads idle or unbalanced (100 queries of one head on two
@@ -488,6 +529,8 @@ def flash_attention(
     as in flash decoding). Every key is still read once per query block; the result is the
     kernel's up to rounding, and ``lse`` is what its backward takes.
     """
+    if _by_products(q, k, mask, is_causal):
+        return _attention_by_products(q, k, v, scale)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     parts = _key_parts(q, k, mask, is_causal)
     if parts < 2:
