@@ -244,7 +244,7 @@ def few_query_rows(repeats: int, quick: bool) -> list[dict[str, Any]]:
     beta = 1.0 / 784
     out = []
     with torch.inference_mode():
-        for count in (1, 10, 100):
+        for count in (1, 10, 100, 600):
             queries = torch.rand(count, 784, generator=gen)
             out.append(
                 ratio_row(
