@@ -42,10 +42,10 @@ def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     gradients ``1 / den`` of its features overflow in the backward (``inf · 0 = NaN``), so it
     counts as empty too.
     """
-    total = den + eps
+    total = den + eps if eps else den
     info = torch.finfo(total.dtype)
     empty = total < info.tiny / info.eps
-    return torch.where(empty, 0.0, num / torch.where(empty, 1.0, total))
+    return (num / total.masked_fill(empty, 1.0)).masked_fill_(empty, 0.0)
 
 
 def kernel_association(
@@ -454,18 +454,46 @@ class RandomFeatures(_KernelStructure):
         slower than 624), and zero features add nothing to any kernel value, numerator or
         normaliser.
         """
+        projected, root = self._scaled_projection(x, scale)
+        out = self._feature_map(x, projected, root, is_query, stabilize, key_weights)
+        return out if padded else out[..., : self._count()]
+
+    def _count(self) -> int:
+        """The number of drawn features ``m`` (the projection exists)."""
+        assert self.projection is not None
+        return self.projection.shape[0]
+
+    def _scaled_projection(self, x: Tensor, scale: Scale) -> tuple[Tensor, Scale]:
+        """``(Ω', √β)``: the projection in ``x``'s dtype widened with the zero rows of the padding
+        features ``(m', E)``, with ``√β`` folded in when ``β`` is one number (the ``(m', E)``
+        projection scaled instead of the ``(N, E)`` patterns; unscaled for a tensor ``β``)."""
         projection = self._projection_for(x.shape[-1]).to(x.dtype)
-        count = projection.shape[0]
-        extra = _padding_count(count)
+        extra = _padding_count(projection.shape[0])
         widened = F.pad(projection, (0, 0, 0, extra)) if extra else projection
         root = self._root_scale(scale)
+        if isinstance(root, Tensor) or root == 1.0:
+            return widened, root
+        return widened * root, root
+
+    def _feature_map(
+        self,
+        x: Tensor,
+        projected: Tensor,
+        root: Scale,
+        is_query: bool,
+        stabilize: bool,
+        key_weights: Tensor | None,
+    ) -> Tensor:
+        """:meth:`features` with the padding features, from :meth:`_scaled_projection`'s
+        ``(projected, root)``."""
+        count = self._count()
+        extra = projected.shape[0] - count
         scaled: Tensor | None
         if isinstance(root, Tensor):
             scaled = x * root
-            mapped = torch.matmul(scaled, widened.transpose(-1, -2))
+            mapped = torch.matmul(scaled, projected.transpose(-1, -2))
         else:
-            # √β folded into the (m, E) projection instead of the (N, E) patterns.
-            mapped = torch.matmul(x, (widened * root).transpose(-1, -2))
+            mapped = torch.matmul(x, projected.transpose(-1, -2))
             scaled = x if root == 1.0 else None
         # The (B, H, N, m') products are changed in place from here on (autograd needs neither
         # the product's value nor the shifted one, only the features): a fresh tensor of that
@@ -480,7 +508,7 @@ class RandomFeatures(_KernelStructure):
             out = self._exponential(
                 mapped, x, root, scaled, is_query, stabilize, key_weights, count
             )
-        return out if padded else out[..., :count]
+        return out
 
     @staticmethod
     def _exponential(
@@ -530,6 +558,7 @@ class RandomFeatures(_KernelStructure):
         self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         self._count_call(q.shape[-1])
-        phi_k = self.features(k, scale, is_query=False, key_weights=key_weights, padded=True)
-        phi_q = self.features(q, scale, is_query=True, padded=True)
+        projected, root = self._scaled_projection(q, scale)  # once for both
+        phi_k = self._feature_map(k, projected, root, False, True, key_weights)
+        phi_q = self._feature_map(q, projected, root, True, True, None)
         return phi_q, phi_k
