@@ -427,6 +427,39 @@ def test_random_features_fast_query_path_is_a_per_row_rescaling(scale) -> None:
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
+def test_association_pads_the_features_from_many_patterns_with_the_same_result(
+    kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From PADDED_FROM_PATTERNS keys or queries on, the association widens 130 features to 144;
+    below it, or with the threshold out of reach, it does not; values and gradients agree."""
+    from hopfield.functional import efficient_kernel
+
+    q, k, v = patterns(b=1, h=2, length=5, size=efficient_kernel.PADDED_FROM_PATTERNS, e=6)
+    rf = RandomFeatures(130, kernel=kernel, seed=0, dtype=D)
+    widths: list[int] = []
+    scaled_projection = rf._scaled_projection
+
+    def recorded(*args: object) -> tuple[Tensor, object]:
+        projected, root = scaled_projection(*args)  # type: ignore[arg-type]
+        widths.append(projected.shape[0])
+        return projected, root
+
+    monkeypatch.setattr(rf, "_scaled_projection", recorded)
+    results = []
+    for threshold in (efficient_kernel.PADDED_FROM_PATTERNS, 10**9):
+        monkeypatch.setattr(efficient_kernel, "PADDED_FROM_PATTERNS", threshold)
+        out = associate(q, k, v, structure=rf)
+        assert isinstance(out, Tensor)
+        results.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    assert widths == [144, 130]
+    for padded, unpadded in zip(*results, strict=True):
+        torch.testing.assert_close(padded, unpadded, rtol=1e-10, atol=1e-12)
+    monkeypatch.setattr(efficient_kernel, "PADDED_FROM_PATTERNS", k.shape[-2])
+    associate(q, k[..., :7, :], v[..., :7, :], structure=rf)  # few patterns: no padding
+    assert widths[-1] == 130
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "relu"])
 def test_random_features_padding_features_are_exact_zeros(kernel: str) -> None:
     """From 128 features on, the association widens the features with zeros to a multiple of 16
     (faster products); fewer features stay as they are:

@@ -269,6 +269,14 @@ def orthogonal_gaussian(
 
 
 _FEATURE_MULTIPLE = 16
+#: The fewest patterns (queries or keys) from which kernel association pads the random features
+#: (:func:`_padding_count`): below it the padding's own cost (widening the projection, the fill
+#: of the padding logits and, with gradients, the copy of the feature gradient its in-place fill
+#: needs) outweighs the better matrix kernels. Interleaved in one process, 8 heads of 64, 2
+#: threads, padded ÷ unpadded (two runs): forward 1.05–1.17 at N = 128, 0.80–1.03 at 512,
+#: 0.79–0.84 at 2,048 (0.81–0.82 at head size 128); with gradients 1.11–1.19 at 128, 1.12–1.13
+#: at 512, 0.94–0.97 at 2,048.
+PADDED_FROM_PATTERNS = 1024
 
 
 def _padding_count(count: int) -> int:
@@ -452,7 +460,7 @@ class RandomFeatures(_KernelStructure):
         multiple of 16 (from 128 features on), ``(B, H, N, m')``: the association's three
         products then have widths that suit the matrix kernels (at E = 128, m = 621 ran 1.45x
         slower than 624), and zero features add nothing to any kernel value, numerator or
-        normaliser.
+        normaliser. (Kernel association pads from :data:`PADDED_FROM_PATTERNS` patterns on.)
         """
         projected, root = self._scaled_projection(x, scale)
         out = self._feature_map(x, projected, root, is_query, stabilize, key_weights)
@@ -463,12 +471,15 @@ class RandomFeatures(_KernelStructure):
         assert self.projection is not None
         return self.projection.shape[0]
 
-    def _scaled_projection(self, x: Tensor, scale: Scale) -> tuple[Tensor, Scale]:
-        """``(Ω', √β)``: the projection in ``x``'s dtype widened with the zero rows of the padding
-        features ``(m', E)``, with ``√β`` folded in when ``β`` is one number (the ``(m', E)``
-        projection scaled instead of the ``(N, E)`` patterns; unscaled for a tensor ``β``)."""
+    def _scaled_projection(
+        self, x: Tensor, scale: Scale, widen: bool = True
+    ) -> tuple[Tensor, Scale]:
+        """``(Ω', √β)``: the projection in ``x``'s dtype, widened with the zero rows of the
+        padding features ``(m', E)`` when ``widen``, with ``√β`` folded in when ``β`` is one
+        number (the ``(m', E)`` projection scaled instead of the ``(N, E)`` patterns; unscaled for
+        a tensor ``β``)."""
         projection = self._projection_for(x.shape[-1]).to(x.dtype)
-        extra = _padding_count(projection.shape[0])
+        extra = _padding_count(projection.shape[0]) if widen else 0
         widened = F.pad(projection, (0, 0, 0, extra)) if extra else projection
         root = self._root_scale(scale)
         if isinstance(root, Tensor) or root == 1.0:
@@ -558,7 +569,8 @@ class RandomFeatures(_KernelStructure):
         self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         self._count_call(q.shape[-1])
-        projected, root = self._scaled_projection(q, scale)  # once for both
+        widen = max(q.shape[-2], k.shape[-2]) >= PADDED_FROM_PATTERNS
+        projected, root = self._scaled_projection(q, scale, widen)  # once for both
         phi_k = self._feature_map(k, projected, root, False, True, key_weights)
         phi_q = self._feature_map(q, projected, root, True, True, None)
         return phi_q, phi_k
