@@ -242,6 +242,64 @@ def test_flash_bisoftmax_gradients_of_partly_zero_cotangents(symmetric: bool) ->
             torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["v=z", "own-v"])
+def test_shared_scores_bisoftmax_matches_explicit_and_gradcheck(shared: bool) -> None:
+    """The one-N×N-tensor symmetric bi-softmax equals the explicit form in float64, values and
+    gradients (with the values the same tensor as the projections or their own, of another
+    width), and passes gradcheck; it has first derivatives only."""
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(2, 3, 13, 5, generator=g, dtype=D64, requires_grad=True)
+    v = z if shared else torch.randn(2, 3, 13, 7, generator=g, dtype=D64, requires_grad=True)
+    leaves = [z] if shared else [z, v]
+    lean = hyperset_energy._SharedScoresBisoftmax.apply(z, v, 0.6)
+    explicit = attention_operator(z, z, v, beta=0.6, symmetric=True, fused=False)
+    torch.testing.assert_close(lean, explicit, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(lean.shape, generator=g, dtype=D64)
+    for a, b in zip(
+        torch.autograd.grad(lean, leaves, cotangent),
+        torch.autograd.grad(explicit, leaves, cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    small = torch.randn(1, 2, 4, 3, generator=g, dtype=D64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, w: hyperset_energy._SharedScoresBisoftmax.apply(x, w, 0.6),
+        (small, small.detach().clone().requires_grad_(True)),
+    )
+
+
+def test_shared_scores_bisoftmax_is_chosen_for_half_precision_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fused=None below FUSED_MIN_TOKENS_HALF_CPU in bf16 with one tensor as queries and keys
+    takes the shared-scores form (close to the float64 explicit result); not in float32, not
+    for separate queries and keys, not with fused=False."""
+    taken: list[bool] = []
+    original = hyperset_energy._SharedScoresBisoftmax.apply
+
+    def spy(*args: object) -> torch.Tensor:
+        taken.append(True)
+        return original(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(hyperset_energy._SharedScoresBisoftmax, "apply", spy)
+    z = F.rms_norm(torch.randn(2, 2, 64, 16), (16,))
+    half = z.bfloat16().requires_grad_(True)
+    out = attention_operator(half, half, half, symmetric=True)
+    assert taken == [True]
+    reference = attention_operator(z.double(), z.double(), z.double(), symmetric=True, fused=False)
+    torch.testing.assert_close(out.double(), reference, rtol=3e-2, atol=3e-2)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), half)
+    exact = z.double().requires_grad_(True)
+    expected = attention_operator(exact, exact, exact, symmetric=True, fused=False)
+    (grad_expected,) = torch.autograd.grad(expected.square().sum(), exact)
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad.double(), grad_expected, rtol=5e-2, atol=5e-2)
+    attention_operator(z, z, z, symmetric=True)
+    attention_operator(half, half.detach().clone(), half, symmetric=True)
+    attention_operator(half, half, half, symmetric=True, fused=False)
+    assert taken == [True]
+
+
 def test_fused_bisoftmax_is_chosen_when_safe() -> None:
     n = FUSED_MIN_TOKENS
     z = F.rms_norm(torch.randn(1, 2, n, 64), (64,))

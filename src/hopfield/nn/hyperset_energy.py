@@ -135,8 +135,10 @@ def attention_operator(
         symmetric: the caller guarantees ``zq is zk`` so ``A`` is symmetric; the bi-softmax then
             uses ``softmax(A, -2) = softmax(A, -1)ᵀ`` (one N×N softmax, or one fused call fewer).
         fused: ``None`` (default) takes the fused path for the bi-softmax whenever
-            :func:`bisoftmax_fusable` allows it; ``True`` forces it (bi-softmax only), ``False``
-            forces the explicit reference. The sigmoid map is not a softmax and the linear
+            :func:`bisoftmax_fusable` allows it, and otherwise, for one tensor as queries and
+            keys in half precision on the CPU, the explicit form with one ``N × N`` tensor each
+            way (:class:`_SharedScoresBisoftmax`, first derivatives only); ``True`` forces the
+            fused path (bi-softmax only), ``False`` the explicit reference. The sigmoid map is not a softmax and the linear
             energy is already linear in N: both always run explicitly. The fused path has
             first derivatives only (PyTorch's fused kernels' backward passes have no
             derivative of their own); take ``fused=False`` for double backward.
@@ -151,6 +153,9 @@ def attention_operator(
         return _sigmoid_prime(zq) * (torch.sigmoid(zv) @ gram)
     if kind == "bisoftmax" and (fused or (fused is None and bisoftmax_fusable(zq, zk, beta=beta))):
         return bisoftmax_fused(zq, zk, zv, beta=beta, symmetric=symmetric)
+    if kind == "bisoftmax" and fused is None and symmetric and _shared_scores_applies(zq, zk):
+        out: Tensor = _SharedScoresBisoftmax.apply(zq, zv, beta)
+        return out
     scores = beta * zq @ zk.transpose(-1, -2)  # (B, H, N, N)
     if kind == "sigmoid":
         return _sigmoid_prime(scores) @ zv
@@ -435,6 +440,51 @@ class _FlashBisoftmax(torch.autograd.Function):
             dq.add_(dq_res)
             dk.add_(dk_res)
         return dq, dk, dv, None, None
+
+
+class _SharedScoresBisoftmax(torch.autograd.Function):
+    """``(P + Pᵀ) v`` with ``P = softmax(β z zᵀ, -1)`` (the symmetric bi-softmax, ``q = k = z``),
+    ``z`` ``(..., N, p)``, ``v`` ``(..., N, pv)``, holding one ``N × N`` tensor forward and one
+    more backward.
+
+    Forward: ``P`` is computed in place in the score product's buffer (shift, exponential,
+    division) and ``(P + Pᵀ) v`` as two products, ``P v + Pᵀ v``, without forming ``P + Pᵀ``.
+    Backward, with ``G`` the output gradient: ``dP = G vᵀ + v Gᵀ``, then in place the softmax
+    backward ``dA = P ⊙ (dP - rowsum(P ⊙ dP))``, and ``dz = β (dA + dAᵀ) z`` (``z`` is both the
+    queries and the keys), ``dv = (P + Pᵀ) G``, each as two products. The explicit form with
+    autograd holds some six ``N × N`` tensors over forward and backward, each of which the
+    allocator may map afresh (page faults) once they are large. First derivatives only.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, v: Tensor, beta: float) -> Tensor:
+        weights = torch.matmul(z * beta, z.transpose(-1, -2))
+        weights.sub_(weights.amax(dim=-1, keepdim=True)).exp_()
+        weights.div_(weights.sum(dim=-1, keepdim=True))
+        out = torch.matmul(weights, v).add_(torch.matmul(weights.transpose(-1, -2), v))
+        ctx.beta = beta
+        ctx.save_for_backward(z, v, weights)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        z, v, weights = ctx.saved_tensors
+        grad_v = torch.matmul(weights, grad).add_(torch.matmul(weights.transpose(-1, -2), grad))
+        grad_scores = torch.matmul(grad, v.transpose(-1, -2))
+        grad_scores.add_(torch.matmul(v, grad.transpose(-1, -2)))
+        grad_scores.mul_(weights)  # P ⊙ dP
+        row_sums = grad_scores.sum(dim=-1, keepdim=True)
+        grad_scores.addcmul_(weights, row_sums.expand_as(weights), value=-1.0)
+        grad_z = torch.matmul(grad_scores, z).add_(torch.matmul(grad_scores.transpose(-1, -2), z))
+        return grad_z.mul_(ctx.beta), grad_v, None
+
+
+def _shared_scores_applies(zq: Tensor, zk: Tensor) -> bool:
+    """Whether ``attention_operator(fused=None)`` takes :class:`_SharedScoresBisoftmax` for an
+    explicit symmetric bi-softmax: the same tensor as queries and keys, in half precision on the
+    CPU (where the explicit form runs up to :data:`FUSED_MIN_TOKENS_HALF_CPU` tokens)."""
+    return zq is zk and zq.dtype in (torch.float16, torch.bfloat16) and zq.device.type == "cpu"
 
 
 def bisoftmax_fused(
