@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import pytest
 import torch
@@ -222,6 +223,30 @@ def split_keys(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     torch.set_num_threads(threads)
 
 
+def _assert_flash_path_is_the_reference(
+    structures: ModuleType,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sep: Separation,
+    scale: float,
+) -> None:
+    """``associate``'s values and gradients, and ``flash_attention``'s lse, equal the float64
+    reference for these patterns (whichever flash path they take)."""
+    out = associate(q, k, v, separation=sep)
+    expected = reference(q, k, v, sep, scale, None)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+    _, lse = structures.flash_attention(q, k, v, None, False, scale)
+    scores = torch.einsum("bhle,bhse->bhls", q, k) * scale
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     "shape", [(1, 1, 5, 37), (1, 2, 3, 40), (2, 1, 4, 33)], ids=["one-head", "two-heads", "batch"]
 )
@@ -238,18 +263,7 @@ def test_split_key_flash_equals_reference_values_and_gradients(
     )
     parts = split_keys._key_parts(q, k, None, False)
     assert parts >= 2
-    out = associate(q, k, v, separation=sep)
-    expected = reference(q, k, v, sep, 1 / math.sqrt(E), None)
-    assert isinstance(out, torch.Tensor)
-    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
-    weights = torch.randn_like(out)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
-    for g, r in zip(grads, grads_ref, strict=True):
-        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
-    _, lse = split_keys.flash_attention(q, k, v, None, False, 1 / math.sqrt(E))
-    scores = torch.einsum("bhle,bhse->bhls", q, k) / math.sqrt(E)
-    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+    _assert_flash_path_is_the_reference(split_keys, q, k, v, sep, 1 / math.sqrt(E))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -278,19 +292,7 @@ def test_many_wide_queries_take_whole_products_with_reference_values_and_gradien
         for n in (length, size, size)
     )
     assert structures._by_products(q, k, None, False)
-    scale = 1 / math.sqrt(width)
-    out = associate(q, k, v, separation=sep)
-    expected = reference(q, k, v, sep, scale, None)
-    assert isinstance(out, torch.Tensor)
-    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
-    weights = torch.randn_like(out)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    grads_ref = torch.autograd.grad((expected * weights).sum(), (q, k, v))
-    for g, r in zip(grads, grads_ref, strict=True):
-        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
-    _, lse = structures.flash_attention(q, k, v, None, False, scale)
-    scores = torch.einsum("bhle,bhse->bhls", q, k) * scale
-    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+    _assert_flash_path_is_the_reference(structures, q, k, v, sep, 1 / math.sqrt(width))
 
 
 def test_whole_products_in_float32_match_the_kernels_own_call(
