@@ -332,6 +332,9 @@ def test_scores_are_computed_whole_only_where_they_are_no_larger_than_the_keys()
     assert not whole(100, causal=True)
     assert not whole(100, dtype=torch.bfloat16)
     assert not whole(100, size=0)
+    shared = torch.randn(1, 1, 50, 800).expand(16, 1, 50, 800)  # one memory for 16 batches
+    assert structures._by_products(torch.randn(8, 1, 100, 800), shared[:8], None, False)
+    assert not structures._by_products(torch.randn(16, 1, 100, 800), shared, None, False)
 
 
 def test_keys_are_split_only_where_it_balances_the_threads(split_keys) -> None:  # type: ignore[no-untyped-def]

@@ -484,18 +484,24 @@ def _key_parts(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> in
 PRODUCT_QUERIES = range(96, 768)
 
 
+def _stored_elements(x: Tensor) -> int:
+    """How many elements of ``x`` occupy memory: a broadcast dimension (stride 0) counts once."""
+    return math.prod(size for size, stride in zip(x.shape, x.stride(), strict=True) if stride)
+
+
 def _by_products(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> bool:
     """Whether :func:`flash_attention` takes :func:`_attention_by_products`: no mask, not
     causal, float32 or float64, ``L`` in :data:`PRODUCT_QUERIES`, at least one key, and the
-    scores ``(B, H, L, S)`` no larger than the keys ``(B, H, S, E)`` (``L <= E``)."""
+    scores ``(B, H, L, S)`` no larger than the keys as stored (``L <= E`` for keys of their own;
+    keys broadcast over a batch count once)."""
     length = q.shape[-2]
     return (
         mask is None
         and not is_causal
         and q.dtype in (torch.float32, torch.float64)
         and length in PRODUCT_QUERIES
-        and length <= q.shape[-1]
         and k.shape[-2] > 0
+        and q.shape[:-1].numel() * k.shape[-2] <= _stored_elements(k)
     )
 
 
