@@ -522,8 +522,8 @@ def flash_attention(
 ) -> tuple[Tensor, Tensor]:
     """The CPU flash kernel's ``(out (B, H, L, Ev), lse (B, H, L))`` of softmax attention.
 
-    Between 96 and 767 queries of width at least their count, the scores are computed whole
-    instead (:data:`PRODUCT_QUERIES`, :func:`_attention_by_products`): the same ``out`` and
+    Between 96 and 767 queries, when the scores are no larger than the keys as stored (at most
+    as many queries as pattern dimensions), the scores are computed whole instead (:data:`PRODUCT_QUERIES`, :func:`_attention_by_products`): the same ``out`` and
     ``lse`` up to rounding, which the kernel's backward takes as its own.
 
     The kernel shares its work among threads by batch, head and block of queries only, so few
