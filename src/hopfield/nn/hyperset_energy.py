@@ -178,6 +178,12 @@ FUSED_MIN_TOKENS = 512
 FUSED_MIN_TOKENS_HALF_CPU = 2048
 
 
+def _half_on_cpu(z: Tensor) -> bool:
+    """Whether ``z`` is a float16/bfloat16 tensor on the CPU, where the flash kernel does not
+    speed up and the explicit bi-softmax's matrix products do."""
+    return z.dtype in (torch.float16, torch.bfloat16) and z.device.type == "cpu"
+
+
 def bisoftmax_fusable(zq: Tensor, zk: Tensor, *, beta: float) -> bool:
     """Whether the fused bi-softmax is chosen automatically for these projections.
 
@@ -191,8 +197,7 @@ def bisoftmax_fusable(zq: Tensor, zk: Tensor, *, beta: float) -> bool:
     e^(2a + log N)`` (:class:`_FlashBisoftmax`) far from overflow.
     """
     n = zq.shape[-2]
-    half_on_cpu = zq.dtype in (torch.float16, torch.bfloat16) and zq.device.type == "cpu"
-    minimum = FUSED_MIN_TOKENS_HALF_CPU if half_on_cpu else FUSED_MIN_TOKENS
+    minimum = FUSED_MIN_TOKENS_HALF_CPU if _half_on_cpu(zq) else FUSED_MIN_TOKENS
     if zq.is_meta or zk.is_meta or n < minimum or zq.numel() == 0 or zk.numel() == 0:
         return False
     if beta == 0.0:
@@ -484,7 +489,7 @@ def _shared_scores_applies(zq: Tensor, zk: Tensor) -> bool:
     """Whether ``attention_operator(fused=None)`` takes :class:`_SharedScoresBisoftmax` for an
     explicit symmetric bi-softmax: the same tensor as queries and keys, in half precision on the
     CPU (where the explicit form runs up to :data:`FUSED_MIN_TOKENS_HALF_CPU` tokens)."""
-    return zq is zk and zq.dtype in (torch.float16, torch.bfloat16) and zq.device.type == "cpu"
+    return zq is zk and _half_on_cpu(zq)
 
 
 def bisoftmax_fused(
