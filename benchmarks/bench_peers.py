@@ -28,8 +28,12 @@ busy processes run (:func:`busy_processes`; targets 1.5 and 1, measured under th
 Run from the repository root (``--quick``: smaller sizes, for a smoke test):
 
     python benchmarks/bench_peers.py [--quick] [--repeats 7] [--threads 2] [--memory]
-        [--load 2] [--out record.json] [--markdown]
+        [--load 2] [--processes 3] [--out record.json] [--markdown]
     python benchmarks/bench_peers.py --render record.json [--readme README.md]
+
+``--processes K`` measures every row in K fresh processes, one after another, and reports the
+median of their median ratios with the lowest and highest (:func:`merged_rows`): timings differ
+more between processes than within one, so one process's quartiles understate the spread.
 
 ``--out`` writes a record of the run (rows, threads, load, date, machine, software); ``--render``
 prints the README's speed section from such a record, or with ``--readme`` replaces the section
@@ -46,8 +50,10 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -362,10 +368,62 @@ def row_sources() -> list[tuple[str, Callable[[int, bool], list[dict[str, Any]]]
     ]
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The rows as the README's speed table."""
+def merged_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several processes' runs, one row each: its ``ratio`` the median of the
+    processes' median ratios, its ``spread`` their ``[lowest, highest]``, ``process_ratios``
+    each process's median, ``ours_s`` and ``peer_s`` the medians of the processes' medians.
+
+    Timings on one machine differ between processes more than within one (allocator state,
+    memory placement, thread placement: ``retrieve`` with 100 queries 1.02–1.09 in five runs
+    of 28–29 Nov, each with quartiles 0.01 apart), so the process is the replicate.
+    """
+    if not runs:
+        raise ValueError("runs is empty: merge the rows of at least one process")
+    names = [[row["row"] for row in rows] for rows in runs]
+    if any(order != names[0] for order in names[1:]):
+        raise ValueError(f"the processes measured different rows: {names}")
+    merged = []
+    for rows in zip(*runs, strict=True):
+        ratios = [row["ratio"] for row in rows]
+        merged.append(
+            {
+                **rows[0],
+                "ratio": statistics.median(ratios),
+                "spread": [min(ratios), max(ratios)],
+                "process_ratios": ratios,
+                "ours_s": statistics.median(row["ours_s"] for row in rows),
+                "peer_s": statistics.median(row["peer_s"] for row in rows),
+            }
+        )
+    return merged
+
+
+def run_processes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of ``args.processes`` runs of this file, one fresh process after another,
+    merged by :func:`merged_rows`."""
+    flags = [f"--repeats={args.repeats}", f"--threads={args.threads}", f"--load={args.load}"]
+    flags += (["--quick"] if args.quick else []) + ([f"--only={args.only}"] if args.only else [])
+    runs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for index in range(args.processes):
+            out = Path(folder) / f"process-{index}.json"
+            print(f"== process {index + 1} of {args.processes}", flush=True)
+            command = [sys.executable, __file__, *flags, "--processes", "1", "--out", str(out)]
+            subprocess.run(command, check=True)
+            runs.append(json.loads(out.read_text())["rows"])
+    return merged_rows(runs)
+
+
+def markdown(rows: list[dict[str, Any]], processes: int = 1) -> str:
+    """The rows as the README's speed table (the columns' statistics named after
+    ``processes``, see :func:`merged_rows`)."""
+    statistic = (
+        "median [q25, q75]"
+        if processes == 1
+        else f"median of {processes} processes [lowest, highest]"
+    )
     lines = [
-        "| measurement | baseline | ours ÷ baseline (median [q25, q75]) | target | met |",
+        f"| measurement | baseline | ours ÷ baseline ({statistic}) | target | met |",
         "|---|---|---|---|---|",
     ]
     for row in rows:
@@ -382,13 +440,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def record_of(
-    rows: list[dict[str, Any]], memory: list[dict[str, Any]], threads: int, load: int
+    rows: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+    threads: int,
+    load: int,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """A run's record: its rows and the conditions they were measured under."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "threads": threads,
         "load": load,
+        "processes": processes,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
@@ -406,14 +469,16 @@ def render_section(record: dict[str, Any]) -> str:
             raise ValueError(f"the record has no {key!r}: is it a bench_peers.py --out record?")
     average = record.get("load_average")
     busy = "" if not average else f", load average {average[0]:.1f} at the end"
+    processes = int(record.get("processes", 1))
+    command = "python benchmarks/bench_peers.py" + (f" --processes {processes}" * (processes > 1))
     lines = [
         BEGIN,
-        f"Measured {record['date'][:10]} with `python benchmarks/bench_peers.py` "
+        f"Measured {record['date'][:10]} with `{command}` "
         f"({record['threads']} threads, torch {record.get('torch', '?')}, "
         f"{record.get('cpus', '?')} CPUs{busy}; the loaded rows ran beside "
         f"{record['load']} busy processes).",
         "",
-        markdown(record["rows"]),
+        markdown(record["rows"], processes),
         *_memory_lines(record.get("memory") or []),
         END,
     ]
@@ -462,6 +527,9 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also the 16k peak-memory rows")
     parser.add_argument("--load", type=int, default=0, help="busy processes for the loaded rows")
     parser.add_argument("--only", choices=["conditions"], default=None, help="only these rows")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="fresh processes, one after another (merged)"
+    )
     parser.add_argument("--out", "--json", dest="out", default=None, help="write the record here")
     parser.add_argument("--markdown", action="store_true", help="print the README table")
     parser.add_argument("--render", default=None, help="a record to render the README section of")
@@ -472,7 +540,23 @@ def main() -> None:
         return
     if args.load < 0:
         parser.error(f"--load must be >= 0, got {args.load}")
+    if args.processes < 1:
+        parser.error(f"--processes must be >= 1, got {args.processes}")
     torch.set_num_threads(args.threads)
+    rows = run_processes(args) if args.processes > 1 else measured_rows(args)
+    if args.processes > 1:
+        print(f"== median of {args.processes} processes [lowest, highest]\n{ROW_HEADER}")
+        print("\n".join(format_row(row) for row in rows), flush=True)
+    memory = sparse_memory([16384], [1], 64, args.threads) if args.memory else []
+    if args.markdown:
+        print("\n" + markdown(rows, args.processes))
+    if args.out:
+        record = record_of(rows, memory, args.threads, args.load, args.processes)
+        Path(args.out).write_text(json.dumps(record, indent=2))
+
+
+def measured_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows this process measures, printed as they come."""
     sources = row_sources()
     if args.only == "conditions":
         sources = [pair for pair in sources if pair[1] is conditions_rows]
@@ -484,12 +568,7 @@ def main() -> None:
         for row in source(args.repeats, args.quick):
             print(format_row(row), flush=True)
             rows.append(row)
-    memory = sparse_memory([16384], [1], 64, args.threads) if args.memory else []
-    if args.markdown:
-        print("\n" + markdown(rows))
-    if args.out:
-        record = record_of(rows, memory, args.threads, args.load)
-        Path(args.out).write_text(json.dumps(record, indent=2))
+    return rows
 
 
 if __name__ == "__main__":

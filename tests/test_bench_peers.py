@@ -124,3 +124,40 @@ def test_the_plain_random_feature_peer_computes_what_random_features_compute() -
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-11)
     wrong = bench_peers.plain_random_features(q * 2, k, v, structure.projection)
     assert not torch.allclose(wrong, ours, rtol=1e-3)
+
+
+def _row(name: str, ratio: float) -> dict[str, object]:
+    return {"row": name, "ratio": ratio, "spread": [ratio, ratio], "ours_s": ratio, "peer_s": 1.0,
+            "target": 1.05, "peer": "a loop"}  # fmt: skip
+
+
+def test_rows_of_several_processes_merge_into_their_median_and_range() -> None:
+    runs = [[_row("a", 1.09), _row("b", 0.5)], [_row("a", 1.02), _row("b", 0.7)],
+            [_row("a", 1.03), _row("b", 0.6)]]  # fmt: skip
+    first, second = bench_peers.merged_rows(runs)
+    assert (first["row"], first["ratio"], first["spread"]) == ("a", 1.03, [1.02, 1.09])
+    assert first["process_ratios"] == [1.09, 1.02, 1.03]
+    assert (second["ratio"], second["spread"], second["ours_s"]) == (0.6, [0.5, 0.7], 0.6)
+    with pytest.raises(ValueError, match="different rows"):
+        bench_peers.merged_rows([[_row("a", 1.0)], [_row("b", 1.0)]])
+    with pytest.raises(ValueError, match="at least one process"):
+        bench_peers.merged_rows([])
+
+
+def test_a_record_of_several_processes_says_so_in_the_readme_section() -> None:
+    rows = bench_peers.merged_rows([[_row("a", 1.09)], [_row("a", 1.02)], [_row("a", 1.03)]])
+    record = bench_peers.record_of(rows, [], threads=2, load=2, processes=3)
+    section = bench_peers.render_section(record)
+    assert "`python benchmarks/bench_peers.py --processes 3`" in section
+    assert "ours ÷ baseline (median of 3 processes [lowest, highest])" in section
+    assert "| a | a loop | 1.03 [1.02, 1.09] | ≤ 1.05 | yes |" in section
+    single = bench_peers.render_section(bench_peers.record_of(rows, [], threads=2, load=2))
+    assert "(median [q25, q75])" in single and "--processes" not in single
+
+
+def test_processes_below_one_are_refused(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["bench_peers.py", "--processes", "0"])
+    with pytest.raises(SystemExit):
+        bench_peers.main()
+    assert "--processes must be >= 1, got 0" in capsys.readouterr().err
