@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -34,17 +35,36 @@ def interleaved_ratio(
     return ratio, ours, base
 
 
+#: Least seconds of timed pairs in :func:`interleaved_ratios`: calls of a few milliseconds get more
+#: pairs than ``repeats`` (at most :data:`MOST_PAIRS`), whose median 7 pairs leave noisy (random
+#: features at N = 128, 1.7 ms a call: medians 0.80–1.03 in three runs of 7 pairs, 29 Nov).
+LEAST_SECONDS = 0.5
+MOST_PAIRS = 101
+
+
+def pairs_for(repeats: int, pair_seconds: float) -> int:
+    """How many timed pairs :func:`interleaved_ratios` takes: ``repeats``, or more for pairs
+    shorter than ``LEAST_SECONDS / repeats``, up to :data:`MOST_PAIRS`."""
+    if pair_seconds <= 0:
+        return repeats
+    return max(repeats, min(MOST_PAIRS, math.ceil(LEAST_SECONDS / pair_seconds)))
+
+
 def interleaved_ratios(
     fn: Callable[[], object], baseline: Callable[[], object], repeats: int, warmup: int = 1
 ) -> tuple[float, tuple[float, float], float, float]:
     """As :func:`interleaved_ratio`, plus the quartiles of the per-pair ratios:
-    ``(median ratio, (q25, q75), median fn s, median baseline s)``."""
+    ``(median ratio, (q25, q75), median fn s, median baseline s)``. With a warmup, the last
+    warm pair's time sets how many pairs are timed (:func:`pairs_for`)."""
+    pair_seconds = 0.0
     for _ in range(warmup):
+        start = time.perf_counter()
         fn()
         baseline()
+        pair_seconds = time.perf_counter() - start
     ours: list[float] = []
     base: list[float] = []
-    for _ in range(repeats):
+    for _ in range(pairs_for(repeats, pair_seconds)):
         for call, times in ((fn, ours), (baseline, base)):
             start = time.perf_counter()
             call()

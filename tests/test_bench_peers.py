@@ -161,3 +161,18 @@ def test_processes_below_one_are_refused(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SystemExit):
         bench_peers.main()
     assert "--processes must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_short_calls_get_more_timed_pairs_up_to_a_cap() -> None:
+    import _timing
+
+    assert _timing.pairs_for(7, 1.0) == 7  # long calls: the repeats asked for
+    assert _timing.pairs_for(7, 0.01) == 50  # 0.5 s of 10 ms pairs
+    assert _timing.pairs_for(7, 1e-6) == _timing.MOST_PAIRS
+    assert _timing.pairs_for(7, 0.0) == 7  # no warm pair timed
+    calls = []
+    _timing.interleaved_ratios(lambda: calls.append("a"), lambda: calls.append("b"), 3)
+    assert len(calls) == 2 * (1 + _timing.MOST_PAIRS)  # one warm pair, then the cap
+    calls.clear()
+    _timing.interleaved_ratios(lambda: calls.append("a"), lambda: calls.append("b"), 3, warmup=0)
+    assert calls == ["a", "b"] * 3
