@@ -306,8 +306,8 @@ class RandomFeatures(_KernelStructure):
     ``φ(K)ᵀV`` and ``φ(Q)(φ(K)ᵀV)``) against exact attention's ``2·N²·E``, a ratio of ``2m/N``:
     with the default ``m`` it is the cheaper one only from ``N ≈ 2m`` (532 at ``E = 64``), and no
     exact evaluation of the same approximation is cheaper at smaller ``N`` (its ``N × N`` kernel
-    matrix alone takes ``N²·m``). For short sequences take exact attention (:class:`~hopfield.functional.structures.Dense`, the default)
-    or fewer features.
+    matrix alone takes ``N²·m``). For short sequences take exact attention
+    (:class:`~hopfield.functional.structures.Dense`, the default) or fewer features.
 
     Args:
         num_features: number of random features ``m``.
