@@ -506,6 +506,36 @@ def test_a_record_reads_only_the_runs_of_the_variants_it_aggregated(tmp_path: Pa
         assert judged["OEH-F4-layernorm"]["verdict"] == verdict, judged["OEH-F4-layernorm"]["note"]
 
 
+def test_a_variant_whose_attention_carries_no_weight_tests_no_comparison(tmp_path: Path) -> None:
+    """Clipped Softmax with γ = −0.025 over 128 tokens clips every weight of a small BERT to 0
+    from its initialisation: Clipped Softmax and Clipped OutEffHop then train the same
+    attention-free model, and their equal perplexities must not make "keeps the FP metric" hold."""
+
+    def judged(clipped_row_sum: float) -> dict[str, Any]:
+        side = {}
+        for seed in range(3):
+            for variant, fp, row_sum in (("softmax", 449.0, 1.0), ("softmax1", 449.5, 0.9),
+                                         ("clipped", 540.0, clipped_row_sum),
+                                         ("clipped_softmax1", 540.5, clipped_row_sum)):  # fmt: skip
+                run = outlier_run(seed, 3.5, 4.0, formed=False)
+                run["fp"] = [fp + seed * (1.1 if "1" in variant else 1.0)]
+                run["attention"] = {f"layer.{i}": {"row_sum": row_sum, "special_mass": 0.0}
+                                    for i in range(2)}  # fmt: skip
+                side[f"runs/bert/{variant}/seed-{seed}/result.json"] = run
+        folder = tmp_path / str(clipped_row_sum)
+        write_record(folder, "outliers-bert", side=side)
+        return {r["id"]: r for r in evaluate(folder)}
+
+    dead = judged(0.0)
+    claim = dead["OEH-T1-clipped-fp-bert"]
+    assert claim["verdict"] == "premise absent at this scale", claim["note"]
+    assert "clipped_softmax1 attention carries no weight in bert" in claim["note"]
+    assert "sum to 0 a row (mean of 3 runs" in claim["note"]
+    assert dead["OEH-T1-fp-bert"]["verdict"] == "holds"  # vanilla and OutEffHop are alive
+    live = judged(0.5)  # the same numbers from attention that carries weight: judged
+    assert live["OEH-T1-clipped-fp-bert"]["verdict"] == "holds", live["OEH-T1-clipped-fp-bert"]
+
+
 def efficiency_flops_record(
     root: Path, sparse_factor: float, table_name: str = "Matrix-product FLOPs"
 ) -> dict[str, Any]:

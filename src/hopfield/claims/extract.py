@@ -281,6 +281,13 @@ _INF_NORM = {"bert": "max_ffn_out_inf_norm", "opt": "max_inf_norm", "vit": "max_
 #: 1 % of its FP metric, or its average kurtosis is at least 10.
 _FORMED_GAP_PCT, _FORMED_KURTOSIS = 1.0, 10.0
 
+#: Below this mean row sum of its attention weights (over modules and runs), a variant's attention
+#: carries no weight and a comparison with it is not about attention. Clipped Softmax with
+#: γ = −0.025 over 128 tokens does this to a small BERT from its initialisation: its near-uniform
+#: weights (1/128 = 0.0078, at most 0.01) lie below the clip threshold −γ/(ζ − γ) = 0.024, so every
+#: weight is 0 and no gradient reaches the queries and keys (row sums 0.0 in every run).
+_LIVE_ROW_SUM = 0.01
+
 
 def _outlier_runs(record: ExperimentRecord, family: str, variant: str) -> dict[str, dict]:
     """The runs of ``variant`` the record aggregated, by seed: none of a variant its config
@@ -332,11 +339,27 @@ def _require_outliers(family: str, vanilla: dict[str, dict]) -> None:
         )
 
 
+def _require_live_attention(family: str, runs: dict[str, dict[str, dict]]) -> None:
+    """:class:`NotTested` (premise absent) when one of the variants ``runs`` holds (variant ->
+    its runs by seed) has attention that carries no weight: the mean row sum of its attention
+    weights, in the runs that recorded them, below :data:`_LIVE_ROW_SUM`."""
+    for variant, found in runs.items():
+        sums = [_outlier_value(family, "row_sum", r) for r in found.values() if r.get("attention")]
+        if sums and statistics.fmean(sums) < _LIVE_ROW_SUM:
+            raise NotTested(
+                f"{variant} attention carries no weight in {family}: its weights sum to "
+                f"{statistics.fmean(sums):.2g} a row (mean of {len(sums)} runs; every weight "
+                "clipped to 0), so the comparison is not about attention",
+                PREMISE_ABSENT,
+            )
+
+
 def outlier_variants(
     family: str, pairs: Sequence[tuple[str, str, str]], *, needs_outliers: bool = True
 ) -> Extractor:
     """``(variant, rival variant, metric)`` comparisons of the ``outliers`` study of ``family``,
-    paired over training seeds; with ``needs_outliers``, only where vanilla formed outliers."""
+    paired over training seeds; with ``needs_outliers``, only where vanilla formed outliers;
+    only between variants whose attention carries weight (:func:`_require_live_attention`)."""
 
     def read(record: ExperimentRecord) -> list[Comparison]:
         if needs_outliers:
@@ -344,6 +367,7 @@ def outlier_variants(
         out = []
         for new, old, metric in pairs:
             ours, rival = _outlier_runs(record, family, new), _outlier_runs(record, family, old)
+            _require_live_attention(family, {new: ours, old: rival})
             out.append(
                 pair(
                     f"{old} ({metric})",
@@ -399,6 +423,7 @@ def _study_reductions(record: ExperimentRecord, family: str, metric: str) -> lis
             reasons.append(f"{name} has no {family} runs of {', '.join(missing)}")
             continue
         _require_outliers(family, runs["softmax"])
+        _require_live_attention(family, runs)
         return [
             {
                 unit: 100 * (1 - _outlier_value(family, metric, runs[new][unit])
