@@ -203,3 +203,21 @@ def test_bad_parameters_raise_value_errors_naming_the_argument() -> None:
         SoftmaxN("1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="floating point"):
         Softmax()(torch.ones(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("zeta", [1.0, 1.1])
+def test_clipped_softmax_zeroes_uniform_weights_below_minus_zeta_over_t_minus_one(
+    zeta: float,
+) -> None:
+    """The docstring's rule: uniform weights over T keys are all clipped to 0 (no gradient)
+    once gamma <= -zeta / (T - 1), as for BERT's gamma = -0.025 at T = 128; above it they live."""
+    length = 128
+    threshold = -zeta / (length - 1)
+    for gamma, alive in ((-0.025, False), (1.01 * threshold, False), (0.99 * threshold, True)):
+        gen = torch.Generator().manual_seed(0)  # logits within ±0.4 % of each other
+        noise = torch.randn(2, length, generator=gen, dtype=torch.float64).clamp(-4, 4)
+        scores = (0.001 * noise).requires_grad_()
+        weights = ClippedSoftmax(gamma=gamma, zeta=zeta)(scores)
+        (grad,) = torch.autograd.grad((weights * torch.randn_like(weights)).sum(), scores)
+        assert bool((weights > 0).any()) is alive, gamma
+        assert bool((grad != 0).any()) is alive, gamma

@@ -266,6 +266,12 @@ class ClippedSoftmax(Separation):
     ``[0, 1]``; a row sums to at most ``zeta - gamma``, not to 1 in general (it does for
     ``gamma = 0, zeta = 1`` with the softmax base).
 
+    Uniform weights ``1/T`` over ``T`` keys are clipped to 0 whenever ``gamma <= -zeta / (T - 1)``
+    (the softmax base), e.g. Bondarenko et al.'s BERT setting ``gamma = -0.025`` at ``T = 128``. A
+    model whose logits start nearly equal (a small width, a small initialisation) then starts
+    with every weight 0 and no gradient to its queries and keys, and its attention never comes
+    alive: a 4-layer BERT of width 128 did so in every run (``docs/outlier-study.md``).
+
     Args:
         gamma: lower stretch, ``gamma <= 0``.
         zeta: upper stretch, ``zeta >= 1``.
