@@ -507,3 +507,26 @@ def test_the_opt_paper_preset_uses_the_reference_adam_betas() -> None:
     assert paper == {"bert": (0.9, 0.999), "opt": (0.9, 0.95), "vit": (0.9, 0.999)}
     (opt,) = resolve(replace(Config(scale="tiny", model="opt"), betas=(0.8, 0.9)))
     assert opt.betas == (0.8, 0.9)
+
+
+def test_a_variant_whose_attention_carries_no_weight_is_named_and_compared_with_nothing() -> None:
+    """Clipped Softmax that clips every weight to 0 (row sums 0: the small BERT's) gets a note
+    saying so, and its pair with Clipped OutEffHop no outlier verdict."""
+
+    def aggregate(row_sum: float, kurtosis: float) -> study._Aggregate:
+        return study._Aggregate(kurtosis=[kurtosis] * 3, inf_norm=[kurtosis] * 3, fp=[9.0] * 3,
+                                w8a8=[9.1] * 3, row_sum=[row_sum] * 3, special=[0.0] * 3,
+                                parameters=10, records=[])  # fmt: skip
+
+    agg = {"softmax": aggregate(1.0, 50.0), "softmax1": aggregate(0.9, 20.0),
+           "clipped": aggregate(0.0, 30.0), "clipped_softmax1": aggregate(0.0, 10.0)}  # fmt: skip
+    notes = study._claims("bert", agg, higher_is_better=False, metric="perplexity")
+    dead = [n for n in notes if "carries no weight" in n]
+    assert len(dead) == 2 and dead[0].startswith("BERT Clipped Softmax: its attention carries")
+    assert "mean row sum 0)" in dead[0]
+    assert not any("Clipped OutEffHop vs Clipped Softmax" in n for n in notes)
+    assert any("OutEffHop vs Vanilla: avg kurtosis 20 vs 50" in n for n in notes), notes
+    agg["clipped"], agg["clipped_softmax1"] = aggregate(0.9, 30.0), aggregate(0.8, 10.0)
+    notes = study._claims("bert", agg, higher_is_better=False, metric="perplexity")
+    assert not any("carries no weight" in n for n in notes)
+    assert any("Clipped OutEffHop vs Clipped Softmax" in n for n in notes), notes

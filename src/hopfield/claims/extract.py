@@ -19,6 +19,7 @@ from hopfield.claims.claim import Claim, Comparison, Evidence, Extractor, Measur
 from hopfield.claims.records import RESULTS_FILE, ExperimentRecord
 from hopfield.claims.verdict import PREMISE_ABSENT, TOY_STAND_IN
 from hopfield.models.stanhop import figure_layer
+from hopfield.outliers import DEAD_ROW_SUM
 from hopfield.outliers.metrics import COMPONENTS
 from hopfield.stats import fit_slope, linear_slope, split_replicate_key
 
@@ -281,13 +282,6 @@ _INF_NORM = {"bert": "max_ffn_out_inf_norm", "opt": "max_inf_norm", "vit": "max_
 #: 1 % of its FP metric, or its average kurtosis is at least 10.
 _FORMED_GAP_PCT, _FORMED_KURTOSIS = 1.0, 10.0
 
-#: Below this mean row sum of its attention weights (over modules and runs), a variant's attention
-#: carries no weight and a comparison with it is not about attention. Clipped Softmax with
-#: γ = −0.025 over 128 tokens does this to a small BERT from its initialisation: its near-uniform
-#: weights (1/128 = 0.0078, at most 0.01) lie below the clip threshold −γ/(ζ − γ) = 0.024, so every
-#: weight is 0 and no gradient reaches the queries and keys (row sums 0.0 in every run).
-_LIVE_ROW_SUM = 0.01
-
 
 def _outlier_runs(record: ExperimentRecord, family: str, variant: str) -> dict[str, dict]:
     """The runs of ``variant`` the record aggregated, by seed: none of a variant its config
@@ -342,10 +336,10 @@ def _require_outliers(family: str, vanilla: dict[str, dict]) -> None:
 def _require_live_attention(family: str, runs: dict[str, dict[str, dict]]) -> None:
     """:class:`NotTested` (premise absent) when one of the variants ``runs`` holds (variant ->
     its runs by seed) has attention that carries no weight: the mean row sum of its attention
-    weights, in the runs that recorded them, below :data:`_LIVE_ROW_SUM`."""
+    weights, in the runs that recorded them, below :data:`~hopfield.outliers.DEAD_ROW_SUM`."""
     for variant, found in runs.items():
         sums = [_outlier_value(family, "row_sum", r) for r in found.values() if r.get("attention")]
-        if sums and statistics.fmean(sums) < _LIVE_ROW_SUM:
+        if sums and statistics.fmean(sums) < DEAD_ROW_SUM:
             raise NotTested(
                 f"{variant} attention carries no weight in {family}: its weights sum to "
                 f"{statistics.fmean(sums):.2g} a row (mean of {len(sums)} runs; every weight "

@@ -65,6 +65,7 @@ from hopfield.experiments.outliers_tasks import (
 )
 from hopfield.experiments.registry import ConfigError, Experiment, register
 from hopfield.experiments.results import Results, RunContext, Table, mean_std
+from hopfield.outliers import DEAD_ROW_SUM
 
 if TYPE_CHECKING:
     from hopfield.outliers import ActivationRecorder
@@ -832,8 +833,16 @@ def _claims(
                 else "the no-op effect is weak or absent here."
             )
         )
+    dead = {v for v, a in agg.items() if _stat(a.row_sum)[0] < DEAD_ROW_SUM}
+    notes += [
+        f"{name} {LABELS[v]}: its attention carries no weight (mean row sum "
+        f"{_stat(agg[v].row_sum)[0]:.2g}): every weight is clipped to 0 and no gradient reaches "
+        "the queries and keys, so no comparison with it is about attention."
+        for v in agg
+        if v in dead
+    ]
     for old, new in PAIRS:
-        if old not in agg or new not in agg:
+        if old not in agg or new not in agg or {old, new} & dead:
             continue
         a, b = agg[old], agg[new]
         wins = sum(

@@ -3,7 +3,7 @@
 See ``docs/outliers.md``. :class:`AttentionRecorder` needs the ``hf`` extra (``transformers``).
 """
 
-from hopfield.outliers.attention import AttentionRecorder
+from hopfield.outliers.attention import DEAD_ROW_SUM, AttentionRecorder
 from hopfield.outliers.metrics import (
     MODULE_SELECTIONS,
     ActivationRecorder,
@@ -34,6 +34,7 @@ from hopfield.outliers.sinks import (
 )
 
 __all__ = [
+    "DEAD_ROW_SUM",
     "MODULE_SELECTIONS",
     "QUANTIZER_KINDS",
     "SINK_EPSILON",
