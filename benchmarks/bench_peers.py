@@ -543,10 +543,12 @@ def main() -> None:
     if args.processes < 1:
         parser.error(f"--processes must be >= 1, got {args.processes}")
     torch.set_num_threads(args.threads)
-    rows = run_processes(args) if args.processes > 1 else measured_rows(args)
     if args.processes > 1:
+        rows = run_processes(args)
         print(f"== median of {args.processes} processes [lowest, highest]\n{ROW_HEADER}")
         print("\n".join(format_row(row) for row in rows), flush=True)
+    else:
+        rows = measured_rows(args)
     memory = sparse_memory([16384], [1], 64, args.threads) if args.memory else []
     if args.markdown:
         print("\n" + markdown(rows, args.processes))

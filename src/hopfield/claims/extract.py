@@ -339,10 +339,11 @@ def _require_live_attention(family: str, runs: dict[str, dict[str, dict]]) -> No
     weights, in the runs that recorded them, below :data:`~hopfield.outliers.DEAD_ROW_SUM`."""
     for variant, found in runs.items():
         sums = [_outlier_value(family, "row_sum", r) for r in found.values() if r.get("attention")]
-        if sums and statistics.fmean(sums) < DEAD_ROW_SUM:
+        mean = statistics.fmean(sums) if sums else math.inf
+        if mean < DEAD_ROW_SUM:
             raise NotTested(
                 f"{variant} attention carries no weight in {family}: its weights sum to "
-                f"{statistics.fmean(sums):.2g} a row (mean of {len(sums)} runs; every weight "
+                f"{mean:.2g} a row (mean of {len(sums)} runs; every weight "
                 "clipped to 0), so the comparison is not about attention",
                 PREMISE_ABSENT,
             )

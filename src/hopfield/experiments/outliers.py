@@ -828,16 +828,16 @@ def _claims(
             f"attention mass on delimiter/BOS/CLS keys {sink_o:.3f} vs vanilla {sink_v:.3f} "
             + ("(lower in the means)." if sink_o < sink_v else "(not lower in the means).")
         )
-    dead = {v for v, a in agg.items() if _stat(a.row_sum)[0] < DEAD_ROW_SUM}
+    row_sums = {v: _stat(a.row_sum)[0] for v, a in agg.items()}
+    dead = [v for v, row_sum in row_sums.items() if row_sum < DEAD_ROW_SUM]
     notes += [
         f"{name} {LABELS[v]}: its attention carries no weight (mean row sum "
-        f"{_stat(agg[v].row_sum)[0]:.2g}): every weight is clipped to 0 and no gradient reaches "
+        f"{row_sums[v]:.2g}): every weight is clipped to 0 and no gradient reaches "
         "the queries and keys, so no comparison with it is about attention."
-        for v in agg
-        if v in dead
+        for v in dead
     ]
     for old, new in PAIRS:
-        if old not in agg or new not in agg or {old, new} & dead:
+        if old not in agg or new not in agg or old in dead or new in dead:
             continue
         a, b = agg[old], agg[new]
         wins = sum(
