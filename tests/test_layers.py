@@ -337,6 +337,29 @@ def test_inference_caches_follow_weight_and_scale_changes() -> None:
     loaded, reference = both()
     torch.testing.assert_close(loaded, reference, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(loaded, changed)
+    layer.v_proj.weight.data = torch.randn(8, 8, dtype=torch.float64)  # new data, version 0
+    replaced, reference = both()
+    torch.testing.assert_close(replaced, reference, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(replaced, loaded)
+    layer.to(torch.float32)  # every weight moves to new storage
+    x = x.float()
+    converted, reference = both()
+    assert converted.dtype == torch.float32
+    torch.testing.assert_close(converted, reference)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_one_input_takes_the_stacked_projections_in_either_layout(batch_first: bool) -> None:
+    """One tensor in all three roles is checked and moved once, so the layer sees one input and
+    stacks its projections whatever the layout (issue 31, item 7); the result is that of the
+    three projections."""
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, batch_first=batch_first, dtype=torch.float64).eval()
+    x = torch.randn(5, 3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        fast = layer(x)
+    assert "_packed_cache" in layer.__dict__
+    torch.testing.assert_close(fast, layer(x).detach(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("pattern_size", [4, 3])

@@ -49,7 +49,9 @@ def check_real(
 
     A bool is not a number here; NaN and inf are always rejected.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (  # a float needs no walk through the numbers ABCs
+        isinstance(value, bool) or not isinstance(value, numbers.Real)
+    ):
         raise TypeError(f"{name} must be a real number, got {_kind(value)}")
     number = float(value)
     too_low = low is not None and (number <= low if low_open else number < low)

@@ -22,27 +22,34 @@ _DEFAULT_STRUCTURE = Dense()
 
 
 def _check_patterns(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, E), got shape {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
+    if not (
+        isinstance(q, Tensor)
+        and isinstance(k, Tensor)
+        and isinstance(v, Tensor)
+        and q.dim() == k.dim() == v.dim() == 4
+        and q.dtype == k.dtype == v.dtype
+        and q.is_floating_point()
+    ):  # the common case in one test; the loop below names what is wrong
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+            if t.dim() != 4:
+                raise ValueError(f"{name} must be 4-D (B, H, N, E), got shape {tuple(t.shape)}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be floating point, got {t.dtype}")
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    (batch, heads, _, size), (k_batch, k_heads, memories, k_size) = q.shape, k.shape
+    v_batch, v_heads, v_memories, _ = v.shape
+    if not (batch == k_batch == v_batch and heads == k_heads == v_heads):
         raise ValueError(
             f"q, k, v must share (B, H), got {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, "
             f"{tuple(v.shape[:2])}"
         )
-    if q.shape[-1] != k.shape[-1]:
+    if size != k_size:
+        raise ValueError(f"q and k must share the pattern size E, got {size} and {k_size}")
+    if memories != v_memories:
         raise ValueError(
-            f"q and k must share the pattern size E, got {q.shape[-1]} and {k.shape[-1]}"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must hold the same number of memories, got {k.shape[-2]} and {v.shape[-2]}"
+            f"k and v must hold the same number of memories, got {memories} and {v_memories}"
         )
 
 

@@ -370,17 +370,19 @@ def _blockwise_alpha(separation: Separation) -> float | None:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: Whether this torch build has the CPU flash kernel that gives its log-sum-exp.
+_HAS_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> bool:
     """Whether the CPU flash kernel (with its log-sum-exp) can serve this association."""
     return (
-        q.device.type == "cpu"
+        _HAS_CPU_FLASH
+        and q.is_cpu
         and q.shape[-1] == v.shape[-1]
         and q.dtype in _FLASH_DTYPES
         and dropout == 0.0
         and (mask is None or not mask.requires_grad)
-        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
         and not capturing_graph()
     )
 

@@ -314,11 +314,13 @@ class Hopfield(nn.Module):
                     f"got {tuple(t.shape)}"
                 )
         dtype = self._input_dtype()
-        if isinstance(input, Tensor):  # one tensor in all three roles: checked once
+        if isinstance(input, Tensor):  # one tensor in all three roles: checked and moved once
             check_patterns("input", input, dtype)
-        else:
-            for name, t, _ in expected:
-                check_patterns(f"{name} patterns", t, dtype)
+            if not self.batch_first:
+                input = input.transpose(0, 1)
+            return input, input, input
+        for name, t, _ in expected:
+            check_patterns(f"{name} patterns", t, dtype)
         if not self.batch_first:
             stored, state, projection = (t.transpose(0, 1) for t in (stored, state, projection))
         if stored.shape[:2] != projection.shape[:2]:
@@ -335,8 +337,9 @@ class Hopfield(nn.Module):
     def _input_dtype(self) -> torch.dtype | None:
         """The dtype inputs must have (that of the projections, input norms or gate; ``None`` for
         a static layer without them); any floating dtype under autocast."""
-        if isinstance(self.q_proj, nn.Linear):  # the common case, without walking parameters
-            return self.q_proj.weight.dtype
+        q_proj = self._modules.get("q_proj")  # a dict read, as in _project
+        if isinstance(q_proj, nn.Linear):  # the common case, without walking parameters
+            return q_proj.weight.dtype
         return parameter_dtype(self.q_proj, self.norm_stored, self.norm_q, self.gate)
 
     def _heads(self, x: Tensor, size: int) -> Tensor:
@@ -353,35 +356,40 @@ class Hopfield(nn.Module):
     def _project(
         self, stored: Tensor, state: Tensor, projection: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        if (
-            self.norm_stored is not None
-            and self.norm_state is not None
-            and self.norm_projection is not None
-        ):
+        # dict reads: nn.Module's attribute lookup costs a microsecond; an unset (None) layer
+        # lives outside _modules, where .get finds None as well
+        modules = self._modules
+        norm_stored, norm_state, norm_projection = (
+            modules.get("norm_stored"),
+            modules.get("norm_state"),
+            modules.get("norm_projection"),
+        )
+        if norm_stored is not None and norm_state is not None and norm_projection is not None:
             stored, state, projection = (
-                self.norm_stored(stored),
-                self.norm_state(state),
-                self.norm_projection(projection),
+                norm_stored(stored),
+                norm_state(state),
+                norm_projection(projection),
             )
+        q_proj, k_proj, v_proj = modules.get("q_proj"), modules.get("k_proj"), modules.get("v_proj")
         if (
-            self.q_proj is not None
-            and self.k_proj is not None
-            and self.v_proj is not None
-            and stored is state
+            stored is state
             and state is projection
             and not self.tie_values_to_keys
-            and all(isinstance(p, nn.Linear) for p in (self.q_proj, self.k_proj, self.v_proj))
+            and isinstance(q_proj, nn.Linear)
+            and isinstance(k_proj, nn.Linear)
+            and isinstance(v_proj, nn.Linear)
         ):
             q, k, v = self._packed_projections(state)  # already split into heads
         else:
-            if self.q_proj is None or self.k_proj is None or self.v_proj is None:
+            if q_proj is None or k_proj is None or v_proj is None:
                 q, k, v = state, stored, projection
             else:
-                q, k = self.q_proj(state), self.k_proj(stored)
-                v = self.v_proj(k if self.tie_values_to_keys else projection)
+                q, k = q_proj(state), k_proj(stored)
+                v = v_proj(k if self.tie_values_to_keys else projection)
             q, k, v = self._split_heads(q, k, v)
-        if self.norm_q is not None and self.norm_k is not None:
-            q, k = self.norm_q(q), self.norm_k(k)
+        norm_q, norm_k = modules.get("norm_q"), modules.get("norm_k")
+        if norm_q is not None and norm_k is not None:
+            q, k = norm_q(q), norm_k(k)
         return q, k, v
 
     def _packed_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -390,33 +398,38 @@ class Hopfield(nn.Module):
 
         Without gradients to the projections they run as one matrix product with the three
         weights stacked, whose output is viewed as the heads (no copies); the stacked weights
-        are kept between calls and rebuilt when a weight or bias changes (its storage or
-        version), so the per-call cost is that of one ``nn.Linear``. With gradients (training)
-        or under tracing: three ``nn.Linear`` calls.
+        are kept between calls and rebuilt when a weight or bias changes: its version (in-place
+        updates) or its data pointer (``.data =``, ``load_state_dict`` into new tensors,
+        ``.to()``). The cache holds the tensors it was built from, so no other tensor can take
+        their addresses while it stands. The per-call cost is that of one ``nn.Linear``. With
+        gradients (training) or under tracing: three ``nn.Linear`` calls.
         """
         modules = self._modules  # dict reads: nn.Module's attribute lookup costs a microsecond
         layers = cast(
             tuple[nn.Linear, nn.Linear, nn.Linear],
             (modules["q_proj"], modules["k_proj"], modules["v_proj"]),
         )
-        q_proj, k_proj, v_proj = layers
-        tensors = [t for p in layers for t in (p.weight, p.bias) if t is not None]
+        tensors = [t for p in layers for t in p._parameters.values() if t is not None]
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         ) or torch.jit.is_tracing():
+            q_proj, k_proj, v_proj = layers
             return self._split_heads(q_proj(x), k_proj(x), v_proj(x))
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
-        cached = getattr(self, "_packed_cache", None)
+        key = [(t.data_ptr(), t._version) for t in tensors]
+        cached = self.__dict__.get("_packed_cache")
         if cached is None or cached[0] != key:
             weight = torch.cat([p.weight for p in layers])
-            bias = None if q_proj.bias is None else torch.cat([p.bias for p in layers])
-            cached = (key, weight, bias)
-            self._packed_cache = cached
+            bias = None if layers[0].bias is None else torch.cat([p.bias for p in layers])
+            cached = (key, weight, bias, [t.detach() for t in tensors])
+            self.__dict__["_packed_cache"] = cached
         packed = F.linear(x, cached[1], cached[2])
         batch, length, heads = x.shape[0], x.shape[1], self.num_heads
         if self.hidden_size == self.pattern_size:  # (B, N, 3, H, E) -> three (B, H, N, E) views
-            q, k, v = packed.view(batch, length, 3, heads, self.hidden_size).unbind(2)
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            heads_first = packed.view(batch, length, 3, heads, self.hidden_size).permute(
+                2, 0, 3, 1, 4
+            )
+            q, k, v = heads_first.unbind(0)
+            return q, k, v
         q, k, v = packed.split([p.out_features for p in layers], -1)
         return self._split_heads(q, k, v)
 
@@ -433,13 +446,13 @@ class Hopfield(nn.Module):
             or torch.compiler.is_compiling()
         ):
             return scale
-        key = (scale.data_ptr(), scale._version, scale.dtype, scale.device)
-        cached = getattr(self, "_scale_cache", None)
+        key = (scale.data_ptr(), scale._version)
+        cached = self.__dict__.get("_scale_cache")
         if cached is None or cached[0] != key:
             values = scale.tolist()
             shared = bool(values) and all(v == values[0] for v in values)
-            cached = (key, values[0] if shared else None)
-            self._scale_cache = cached
+            cached = (key, values[0] if shared else None, scale.detach())  # holds the address
+            self.__dict__["_scale_cache"] = cached
         return scale if cached[1] is None else cached[1]
 
     def _iterate(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
@@ -497,14 +510,18 @@ class Hopfield(nn.Module):
             for. Unbatched: ``(L, output_size)``, weights ``(H, L, S)``, heads ``(H, L, Ev)``
             (the per-head weights, as ``nn.MultiheadAttention(average_attn_weights=False)``).
         """
-        parts = input if isinstance(input, tuple | list) else (input,)
-        unbatched = all(isinstance(t, Tensor) and t.dim() == 2 for t in parts)
+        if isinstance(input, Tensor):
+            unbatched = input.dim() == 2
+        else:
+            unbatched = isinstance(input, tuple | list) and all(
+                isinstance(t, Tensor) and t.dim() == 2 for t in input
+            )
         if unbatched:
             batch_dim = 0 if self.batch_first else 1
             input = (
                 input.unsqueeze(batch_dim)
                 if isinstance(input, Tensor)
-                else tuple(t.unsqueeze(batch_dim) for t in parts)  # type: ignore[assignment]
+                else tuple(t.unsqueeze(batch_dim) for t in input)  # type: ignore[assignment]
             )
             if isinstance(key_padding_mask, Tensor) and key_padding_mask.dim() == 1:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
