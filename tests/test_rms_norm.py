@@ -26,13 +26,16 @@ def _pair(width: int, eps: float | None, affine: bool = True) -> tuple[RMSNorm, 
 @pytest.mark.parametrize("eps", [None, 1e-3])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_values_and_gradients_match_torch(eps, affine, threads) -> None:
+@pytest.mark.parametrize("batch", [3, 1100])
+def test_values_and_gradients_match_torch(eps, affine, threads, batch) -> None:
+    """15 rows: one block of the weight gradient's partial sums, one thread; 5,500 rows: 86
+    blocks, the last one partial, on two threads when asked."""
     torch.set_num_threads(threads)
     try:
         ours, reference = _pair(13, eps, affine)
-        base = torch.randn(3, 13, 5, dtype=D, requires_grad=True)
+        base = torch.randn(batch, 13, 5, dtype=D, requires_grad=True)
         x = base.transpose(1, 2)  # non-contiguous rows
-        probe = torch.randn(3, 5, 13, dtype=D)
+        probe = torch.randn(batch, 5, 13, dtype=D)
         out, expected = ours(x), reference(x)
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
         params = [base, *ours.parameters()]

@@ -133,7 +133,9 @@ _SIGNATURES: dict[str, Sequence[type]] = {
                 *(_INT64, _INT64, _INT64, _INT64, _INT64, real, _PTR, _PTR, _PTR, ctypes.c_int),
             ],
             "hop_rms_forward": [_PTR, _PTR, _INT64, _INT64, real, _PTR, _PTR, ctypes.c_int],
-            "hop_rms_backward": [_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _PTR, _PTR, ctypes.c_int],
+            "hop_rms_backward": [
+                *(_PTR, _PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _PTR, _PTR, ctypes.c_int)
+            ],
             "hop_gather_dot": [_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, ctypes.c_int],
             "hop_scatter_outer": [
                 *(_PTR, _PTR, _PTR, _INT64, _INT64, _INT64, _PTR, _INT64, ctypes.c_int)
@@ -1234,6 +1236,11 @@ def rms_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, T
     return y.view(x.shape), inv.view(x.shape[:-1])
 
 
+#: Rows per partial sum of :func:`rms_backward`'s weight gradient: the sums of a block stay in
+#: cache while its rows pass, and the blocks' sums are few to add.
+RMS_ROW_BLOCK = 64
+
+
 def rms_backward(
     grad: Tensor, x: Tensor, weight: Tensor | None, inv: Tensor, *, weight_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
@@ -1251,6 +1258,8 @@ def rms_backward(
     g = grad.reshape(-1, width).contiguous()
     dx = torch.empty_like(rows)
     dw = x.new_empty(width) if weight_grad else None
+    # the weight gradient's per-block sums, made in the pass that makes dx
+    partial = x.new_empty(-(-rows.shape[0] // RMS_ROW_BLOCK), width) if weight_grad else None
     _run(
         "hop_rms_backward",
         dtype,
@@ -1260,8 +1269,10 @@ def rms_backward(
         inv.contiguous().data_ptr(),
         rows.shape[0],
         width,
+        RMS_ROW_BLOCK,
         dx.data_ptr(),
         None if dw is None else dw.data_ptr(),
+        None if partial is None else partial.data_ptr(),
         _threads(rows.numel()),
     )
     return dx.view(x.shape), dw

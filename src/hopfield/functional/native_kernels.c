@@ -1503,8 +1503,8 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
     /* RMS normalisation over the last dimension, y = x / sqrt(mean(x^2) + eps) * w, for rows of n. */\
     typedef struct {                                                                              \
         const T *x, *w, *dy;                                                                      \
-        T *y, *inv, *dx, *dw;                                                                     \
-        int64_t rows, n;                                                                          \
+        T *y, *inv, *dx, *dw, *partial;                                                           \
+        int64_t rows, n, block;                                                                   \
         T eps;                                                                                    \
     } rms_args_##SUFFIX;                                                                          \
                                                                                                   \
@@ -1524,14 +1524,22 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    /* dx = r (g - x r^2 <g, x> / n) with g = dy * w, row by row. */                              \
+    /* dx = r (g - x r^2 <g, x> / n) with g = dy * w, for the rows of blocks [lo, hi) of `block`  \
+     * rows; with a weight gradient, block b also sums dy x r over its rows into partial[b]       \
+     * (n values), in the same pass over dy and x. */                                             \
     static int rms_backward_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                     \
         rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
         const int64_t n = a->n;                                                                   \
-        for (int64_t r = lo; r < hi; r++) {                                                       \
+        const int64_t end = hi * a->block < a->rows ? hi * a->block : a->rows;                    \
+        T *partial = NULL;                                                                        \
+        for (int64_t r = lo * a->block; r < end; r++) {                                           \
             const T *x = a->x + r * n, *dy = a->dy + r * n;                                       \
             T *dx = a->dx + r * n;                                                                \
             const T scale = a->inv[r];                                                            \
+            if (a->partial && r % a->block == 0) {                                                \
+                partial = a->partial + (r / a->block) * n;                                        \
+                for (int64_t j = 0; j < n; j++) partial[j] = 0;                                   \
+            }                                                                                     \
             T gx = 0;                                                                             \
             if (a->w) {                                                                           \
                 T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
@@ -1548,34 +1556,40 @@ static int64_t compact_vectors_f64(const double *row, const uint64_t *keys, int6
                 for (int64_t j = 0; j < n; j++) dx[j] = scale * dy[j] * a->w[j] - c * x[j];       \
             else                                                                                  \
                 for (int64_t j = 0; j < n; j++) dx[j] = scale * dy[j] - c * x[j];                 \
+            if (partial)                                                                          \
+                for (int64_t j = 0; j < n; j++) partial[j] += dy[j] * x[j] * scale;               \
         }                                                                                         \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    /* dw[j] = sum_r dy[r, j] x[r, j] inv[r], each thread owning a range of columns. */           \
+    /* dw[j] = the sum of partial[b, j] over the blocks b, in order, for the columns [lo, hi). */ \
     static int rms_weight_range_##SUFFIX(void *p, int64_t lo, int64_t hi) {                       \
         rms_args_##SUFFIX *a = (rms_args_##SUFFIX *)p;                                            \
-        const int64_t n = a->n;                                                                   \
+        const int64_t blocks = (a->rows + a->block - 1) / a->block;                               \
         for (int64_t j = lo; j < hi; j++) a->dw[j] = 0;                                           \
-        for (int64_t r = 0; r < a->rows; r++) {                                                   \
-            const T *x = a->x + r * n, *dy = a->dy + r * n;                                       \
-            const T scale = a->inv[r];                                                            \
-            for (int64_t j = lo; j < hi; j++) a->dw[j] += dy[j] * x[j] * scale;                   \
+        for (int64_t b = 0; b < blocks; b++) {                                                    \
+            const T *partial = a->partial + b * a->n;                                             \
+            for (int64_t j = lo; j < hi; j++) a->dw[j] += partial[j];                             \
         }                                                                                         \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     int hop_rms_forward_##SUFFIX(const T *x, const T *w, int64_t rows, int64_t n, T eps, T *y,    \
                                   T *inv, int threads) {                                          \
-        rms_args_##SUFFIX a = {x, w, NULL, y, inv, NULL, NULL, rows, n, eps};                     \
+        rms_args_##SUFFIX a = {x, w, NULL, y, inv, NULL, NULL, NULL, rows, n, 1, eps};            \
         return parallel_for(rms_forward_range_##SUFFIX, &a, rows, threads, PIECES);               \
     }                                                                                             \
                                                                                                   \
+    /* dx, and dw when given, with partial the scratch of ceil(rows / block) x n values it is     \
+     * summed in (dy and x are read once; the order of the sum depends on no thread count). */    \
     int hop_rms_backward_##SUFFIX(const T *dy, const T *x, const T *w, const T *inv, int64_t rows,\
-                                   int64_t n, T *dx, T *dw, int threads) {                        \
-        rms_args_##SUFFIX a = {x, w, dy, NULL, (T *)inv, dx, dw, rows, n, 0};                     \
-        return parallel_for(rms_backward_range_##SUFFIX, &a, rows, threads, PIECES) |             \
-               (dw ? parallel_for(rms_weight_range_##SUFFIX, &a, n, threads, PIECES) : 0);        \
+                                   int64_t n, int64_t block, T *dx, T *dw, T *partial,            \
+                                   int threads) {                                                 \
+        T *sums = dw ? partial : NULL;                                                            \
+        rms_args_##SUFFIX a = {x, w, dy, NULL, (T *)inv, dx, dw, sums, rows, n, block, 0};        \
+        const int64_t blocks = (rows + block - 1) / block;                                        \
+        return parallel_for(rms_backward_range_##SUFFIX, &a, blocks, threads, PIECES) |           \
+               (dw ? parallel_for(rms_weight_range_##SUFFIX, &a, n, threads, SCAN_ALL) : 0);      \
     }                                                                                             \
 
 
