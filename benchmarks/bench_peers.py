@@ -398,11 +398,34 @@ def merged_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return merged
 
 
+#: The options that say what a process measures and how: :func:`run_processes` hands each of
+#: them to every process it starts, so a new one added here reaches them too.
+MEASUREMENT_OPTIONS: dict[str, dict[str, Any]] = {
+    "--quick": {"action": "store_true", "help": "smaller sizes, a smoke test"},
+    "--repeats": {"type": int, "default": 7, "help": "timed pairs per row"},
+    "--threads": {"type": int, "default": 2, "help": "torch.set_num_threads"},
+    "--load": {"type": int, "default": 0, "help": "busy processes for the loaded rows"},
+    "--only": {"choices": ["conditions"], "default": None, "help": "only these rows"},
+}
+
+
+def measurement_flags(args: argparse.Namespace) -> list[str]:
+    """``args``' values of :data:`MEASUREMENT_OPTIONS` as command-line flags (a switch when
+    on, ``--name=value`` when set)."""
+    flags = []
+    for flag, spec in MEASUREMENT_OPTIONS.items():
+        value = getattr(args, flag.removeprefix("--"))
+        if spec.get("action") == "store_true":
+            flags += [flag] if value else []
+        elif value is not None:
+            flags.append(f"{flag}={value}")
+    return flags
+
+
 def run_processes(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The rows of ``args.processes`` runs of this file, one fresh process after another,
-    merged by :func:`merged_rows`."""
-    flags = [f"--repeats={args.repeats}", f"--threads={args.threads}", f"--load={args.load}"]
-    flags += (["--quick"] if args.quick else []) + ([f"--only={args.only}"] if args.only else [])
+    """The rows of ``args.processes`` runs of this file, one fresh process after another, each
+    with ``args``' :func:`measurement_flags`, merged by :func:`merged_rows`."""
+    flags = measurement_flags(args)
     runs = []
     with tempfile.TemporaryDirectory() as folder:
         for index in range(args.processes):
@@ -519,14 +542,12 @@ def render_into(record_path: Path, readme: Path | None) -> str:
     return section
 
 
-def main() -> None:
+def parser_of_options() -> argparse.ArgumentParser:
+    """This file's command line: :data:`MEASUREMENT_OPTIONS`, then the run's own options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, a smoke test")
-    parser.add_argument("--repeats", type=int, default=7, help="timed pairs per row")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    for flag, spec in MEASUREMENT_OPTIONS.items():
+        parser.add_argument(flag, **spec)
     parser.add_argument("--memory", action="store_true", help="also the 16k peak-memory rows")
-    parser.add_argument("--load", type=int, default=0, help="busy processes for the loaded rows")
-    parser.add_argument("--only", choices=["conditions"], default=None, help="only these rows")
     parser.add_argument(
         "--processes", type=int, default=1, help="fresh processes, one after another (merged)"
     )
@@ -534,6 +555,11 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print the README table")
     parser.add_argument("--render", default=None, help="a record to render the README section of")
     parser.add_argument("--readme", default=None, help="with --render: the file to update")
+    return parser
+
+
+def main() -> None:
+    parser = parser_of_options()
     args = parser.parse_args()
     if args.render:
         print(render_into(Path(args.render), Path(args.readme) if args.readme else None))

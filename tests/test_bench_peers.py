@@ -163,6 +163,24 @@ def test_processes_below_one_are_refused(monkeypatch: pytest.MonkeyPatch,
     assert "--processes must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--quick", "--repeats=3", "--threads", "1", "--load=2", "--only", "conditions"]],
+)
+def test_every_process_gets_the_measurement_options_it_was_started_with(argv: list[str]) -> None:
+    """run_processes hands each process the measurement options of the parent: parsed again,
+    the flags give the same values, and none of the parent's own options (processes, out)."""
+    parser = bench_peers.parser_of_options()
+    parent = parser.parse_args([*argv, "--processes", "3", "--out", "record.json", "--memory"])
+    flags = bench_peers.measurement_flags(parent)
+    child = parser.parse_args(flags)
+    for flag in bench_peers.MEASUREMENT_OPTIONS:
+        name = flag.removeprefix("--")
+        assert getattr(child, name) == getattr(parent, name), name
+    assert (child.processes, child.out, child.memory) == (1, None, False)
+    assert ("--quick" in flags) == ("--quick" in argv)
+
+
 def test_short_calls_get_more_timed_pairs_up_to_a_cap() -> None:
     import _timing
 
