@@ -348,6 +348,27 @@ def test_inference_caches_follow_weight_and_scale_changes() -> None:
     torch.testing.assert_close(converted, reference)
 
 
+def test_stacked_projections_follow_a_parametrized_weight() -> None:
+    """A parametrized projection (its weight computed from ``original`` on every read) is read
+    through its attribute, so a change of ``original`` is used at the next no-grad call."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, weight: torch.Tensor) -> torch.Tensor:
+            return 2.0 * weight
+
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    parametrize.register_parametrization(layer.k_proj, "weight", Doubled())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        before = layer(x)
+        layer.k_proj.parametrizations.weight.original.mul_(3.0)
+        after = layer(x)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, layer(x).detach(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_one_input_takes_the_stacked_projections_in_either_layout(batch_first: bool) -> None:
     """One tensor in all three roles is checked and moved once, so the layer sees one input and

@@ -46,6 +46,16 @@ class HopfieldOutput(NamedTuple):
     heads: Tensor | None
 
 
+def _weight_and_bias(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """``(layer.weight, layer.bias)``, read from ``_parameters`` for a plain ``nn.Linear`` (a
+    dict read instead of ``nn.Module.__getattr__``); a subclass or a parametrized layer (whose
+    ``weight`` is computed on every read) is asked through its attributes."""
+    if type(layer) is nn.Linear:
+        parameters = layer._parameters
+        return cast(Tensor, parameters["weight"]), parameters["bias"]
+    return layer.weight, layer.bias
+
+
 def _mha_masks_to_allowed(
     key_padding_mask: Tensor | None,
     attn_mask: Tensor | None,
@@ -409,7 +419,7 @@ class Hopfield(nn.Module):
             tuple[nn.Linear, nn.Linear, nn.Linear],
             (modules["q_proj"], modules["k_proj"], modules["v_proj"]),
         )
-        tensors = [t for p in layers for t in p._parameters.values() if t is not None]
+        tensors = [t for p in layers for t in _weight_and_bias(p) if t is not None]
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         ) or torch.jit.is_tracing():
