@@ -530,7 +530,12 @@ def test_a_variant_whose_attention_carries_no_weight_is_named_and_compared_with_
     # means only, no verdicts: those are the ledger's, over the paired seeds
     assert not any("hold" in n for n in notes), notes
     assert any("within 5% in the means" in n for n in notes), notes
+    # the relative-reductions table (and its mean over pairs) leaves the dead pair out too
+    assert [new for new, _ in study._reductions("bert", agg)] == ["softmax1"]
     agg["clipped"], agg["clipped_softmax1"] = aggregate(0.9, 30.0), aggregate(0.8, 10.0)
     notes = study._claims("bert", agg, higher_is_better=False, metric="perplexity")
     assert not any("carries no weight" in n for n in notes)
     assert any("Clipped OutEffHop vs Clipped Softmax" in n for n in notes), notes
+    reductions = dict(study._reductions("bert", agg))
+    assert list(reductions) == ["softmax1", "clipped_softmax1"]
+    assert reductions["clipped_softmax1"][2] == pytest.approx(100 * (1 - 10 / 30))
