@@ -811,18 +811,34 @@ def _dead_variants(agg: dict[str, _Aggregate]) -> dict[str, float]:
     return {v: row_sum for v, row_sum in row_sums.items() if row_sum < DEAD_ROW_SUM}
 
 
-def _reductions(family: str, agg: dict[str, _Aggregate]) -> list[tuple[str, list[Any]]]:
-    """``(new variant, row)`` of the relative-reductions table (spec §4.5) for the paper's pairs
-    in ``agg``: model, pair, kurtosis %, paper %, max inf norm %, paper %. A pair with a variant
-    whose attention carries no weight is left out, as in the notes: its reductions would not
-    be about attention (a mean over the pairs would count them as zeros)."""
+def _live_pairs(agg: dict[str, _Aggregate]) -> list[tuple[str, str]]:
+    """The paper's pairs ``(old, new)`` in ``agg`` whose two variants' attention carries weight:
+    a pair with a dead variant (:func:`_dead_variants`) is not about attention, so the notes
+    and the reductions table leave it out (a mean over the pairs would count it as zeros)."""
     dead = _dead_variants(agg)
+    return [
+        (old, new)
+        for old, new in PAIRS
+        if old in agg and new in agg and old not in dead and new not in dead
+    ]
+
+
+def _pair_reductions(agg: dict[str, _Aggregate], old: str, new: str) -> tuple[float, float]:
+    """The reductions (%) of ``new`` against ``old`` in avg kurtosis and max inf norm, from
+    their seed means."""
+    a, b = agg[old], agg[new]
+    return (
+        relative_reduction(_stat(a.kurtosis)[0], _stat(b.kurtosis)[0]),
+        relative_reduction(_stat(a.inf_norm)[0], _stat(b.inf_norm)[0]),
+    )
+
+
+def _reductions(family: str, agg: dict[str, _Aggregate]) -> list[tuple[str, list[Any]]]:
+    """``(new variant, row)`` of the relative-reductions table (spec §4.5) for the
+    :func:`_live_pairs`: model, pair, kurtosis %, paper %, max inf norm %, paper %."""
     rows = []
-    for old, new in PAIRS:
-        if old not in agg or new not in agg or old in dead or new in dead:
-            continue
-        kurt = relative_reduction(_stat(agg[old].kurtosis)[0], _stat(agg[new].kurtosis)[0])
-        inf = relative_reduction(_stat(agg[old].inf_norm)[0], _stat(agg[new].inf_norm)[0])
+    for old, new in _live_pairs(agg):
+        kurt, inf = _pair_reductions(agg, old, new)
         paper_k, paper_i = PAPER_REDUCTIONS[family, new]
         rows.append((new, [family, f"{LABELS[old]} → {LABELS[new]}", kurt, paper_k, inf, paper_i]))
     return rows
@@ -852,16 +868,13 @@ def _claims(
             f"attention mass on delimiter/BOS/CLS keys {sink_o:.3f} vs vanilla {sink_v:.3f} "
             + ("(lower in the means)." if sink_o < sink_v else "(not lower in the means).")
         )
-    dead = _dead_variants(agg)
     notes += [
         f"{name} {LABELS[v]}: its attention carries no weight (mean row sum "
         f"{row_sum:.2g}): every weight is clipped to 0 and no gradient reaches "
         "the queries and keys, so no comparison with it is about attention."
-        for v, row_sum in dead.items()
+        for v, row_sum in _dead_variants(agg).items()
     ]
-    for old, new in PAIRS:
-        if old not in agg or new not in agg or old in dead or new in dead:
-            continue
+    for old, new in _live_pairs(agg):
         a, b = agg[old], agg[new]
         wins = sum(
             1
@@ -869,8 +882,7 @@ def _claims(
             if kb <= ka and ib <= ia
         )
         seeds = min(len(a.kurtosis), len(b.kurtosis))
-        kurt_red = relative_reduction(_stat(a.kurtosis)[0], _stat(b.kurtosis)[0])
-        inf_red = relative_reduction(_stat(a.inf_norm)[0], _stat(b.inf_norm)[0])
+        kurt_red, inf_red = _pair_reductions(agg, old, new)
         notes.append(
             f"{name} outliers, {LABELS[new]} vs {LABELS[old]}: avg kurtosis "
             f"{_stat(b.kurtosis)[0]:.4g} vs {_stat(a.kurtosis)[0]:.4g} ({kurt_red:+.1f}% "

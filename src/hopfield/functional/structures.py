@@ -370,14 +370,14 @@ def _blockwise_alpha(separation: Separation) -> float | None:
 
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-#: Whether this torch build has the CPU flash kernel that gives its log-sum-exp.
-_HAS_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+#: Whether this torch build has the CPU flash kernel that gives its log-sum-exp (read once).
+CPU_FLASH_AVAILABLE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> bool:
     """Whether the CPU flash kernel (with its log-sum-exp) can serve this association."""
     return (
-        _HAS_CPU_FLASH
+        CPU_FLASH_AVAILABLE
         and q.is_cpu
         and q.shape[-1] == v.shape[-1]
         and q.dtype in _FLASH_DTYPES

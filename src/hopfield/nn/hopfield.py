@@ -419,7 +419,8 @@ class Hopfield(nn.Module):
             tuple[nn.Linear, nn.Linear, nn.Linear],
             (modules["q_proj"], modules["k_proj"], modules["v_proj"]),
         )
-        tensors = [t for p in layers for t in _weight_and_bias(p) if t is not None]
+        weights_and_biases = [_weight_and_bias(p) for p in layers]
+        tensors = [t for pair in weights_and_biases for t in pair if t is not None]
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         ) or torch.jit.is_tracing():
@@ -428,8 +429,9 @@ class Hopfield(nn.Module):
         key = [(t.data_ptr(), t._version) for t in tensors]
         cached = self.__dict__.get("_packed_cache")
         if cached is None or cached[0] != key:
-            weight = torch.cat([p.weight for p in layers])
-            bias = None if layers[0].bias is None else torch.cat([p.bias for p in layers])
+            weight = torch.cat([w for w, _ in weights_and_biases])
+            biases = [b for _, b in weights_and_biases]
+            bias = None if biases[0] is None else torch.cat(cast(list[Tensor], biases))
             cached = (key, weight, bias, [t.detach() for t in tensors])
             self.__dict__["_packed_cache"] = cached
         packed = F.linear(x, cached[1], cached[2])

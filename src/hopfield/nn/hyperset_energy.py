@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hopfield.functional.structures import flash_attention
+from hopfield.functional.structures import CPU_FLASH_AVAILABLE, flash_attention
 
 AttentionKind = Literal["bisoftmax", "sigmoid", "linear"]
 FeedforwardKind = Literal["relu", "gelu", "softmax", "gated"]
@@ -318,14 +318,14 @@ def _flash_applies(zq: Tensor, zk: Tensor, zv: Tensor) -> bool:
     equal head widths and at least one query and key, in float32 or float64 (the others keep the
     padded SDPA path)."""
     return (
-        zq.device.type == "cpu"
+        CPU_FLASH_AVAILABLE
+        and zq.device.type == "cpu"
         and zq.dim() == zk.dim() == zv.dim() == 4
         and zq.shape[-2] > 0
         and zk.shape[-2] > 0
         and zq.shape[-1] == zk.shape[-1] == zv.shape[-1]
         and zq.dtype in _FLASH_DTYPES
         and zq.dtype == zk.dtype == zv.dtype
-        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
     )
 
 
