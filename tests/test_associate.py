@@ -12,12 +12,16 @@ from torch.autograd import gradcheck
 from hopfield.functional import (
     ClippedSoftmax,
     Entmax,
+    RandomFeatures,
+    RandomMask,
     Separation,
     Softmax,
     SoftmaxN,
     Sparsemax,
+    TopK,
     associate,
     causal_mask,
+    efficient,
 )
 from hopfield.functional.associate import normalize_mask
 from hopfield.functional.structures import Dense
@@ -351,3 +355,36 @@ def test_keys_are_split_only_where_it_balances_the_threads(split_keys) -> None: 
     two = torch.randn(1, 2, 3, E)
     assert split_keys._key_parts(two, torch.randn(1, 2, 40, E), None, False) == 2
     assert split_keys._key_parts(two, torch.randn(1, 2, 41, E), None, False) == 1
+
+
+_KEPT_STRUCTURES = {
+    "topk": lambda: TopK(2),
+    "random": lambda: RandomMask(2, seed=0).eval(),  # one mask for every call
+    "random-features": lambda: RandomFeatures(8, seed=0),
+}
+
+
+@pytest.mark.parametrize("scale", [None, 1.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(_KEPT_STRUCTURES))
+def test_a_structure_first_called_under_inference_mode_gives_gradients_later(
+    name: str, causal: bool, scale: float | None
+) -> None:
+    """What a structure keeps from one call to the next (Top-K's and random masks' per-query
+    counts, the random-feature projection drawn on first use) is an ordinary tensor even when
+    the first call ran under ``torch.inference_mode``: a later call with gradients can save it
+    for the backward, and gives the values and gradients of a structure never run that way."""
+    efficient._query_counts.cache_clear()  # a count kept by another test would hide the case
+    q, k, v = patterns(length=13, size=11, dtype=torch.float32)  # the projection's dtype
+    results = []
+    for first_in_inference in (True, False):
+        structure = _KEPT_STRUCTURES[name]()
+        if first_in_inference:
+            with torch.inference_mode():
+                associate(q, k, v, structure=structure, causal=causal, scale=scale)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = associate(*leaves, structure=structure, causal=causal, scale=scale)
+        assert isinstance(out, torch.Tensor)
+        results.append((out.detach(), *torch.autograd.grad(out.sum(), leaves)))
+    for kept, fresh in zip(*results, strict=True):
+        torch.testing.assert_close(kept, fresh, rtol=0, atol=0)

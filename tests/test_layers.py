@@ -369,6 +369,24 @@ def test_stacked_projections_follow_a_parametrized_weight() -> None:
     torch.testing.assert_close(after, layer(x).detach(), rtol=1e-12, atol=1e-12)
 
 
+def test_stacked_projections_built_in_inference_mode_serve_autograd_later() -> None:
+    """A frozen layer (no parameter needs a gradient) takes the stacked projections in every
+    mode; stacked under ``torch.inference_mode`` they are inference tensors, which autograd cannot
+    save, so an input that needs its gradient afterwards gets projections stacked outside it."""
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).requires_grad_(False)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.inference_mode():
+        first = layer(x)
+    y = x.clone().requires_grad_()
+    out = layer(y)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), first, rtol=1e-12, atol=1e-12)
+    assert y.grad is not None and bool(y.grad.abs().sum() > 0)
+    with torch.inference_mode():  # and back: the cache follows the mode
+        torch.testing.assert_close(layer(x), first, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_one_input_takes_the_stacked_projections_in_either_layout(batch_first: bool) -> None:
     """One tensor in all three roles is checked and moved once, so the layer sees one input and

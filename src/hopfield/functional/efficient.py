@@ -41,6 +41,7 @@ from hopfield.functional.structures import (
     apply_mask,
     causal_mask,
     computed_in_float32,
+    kept_across_calls,
     weigh_values,
     with_causal,
 )
@@ -975,9 +976,11 @@ def _query_counts(
 ) -> tuple[Tensor, Tensor]:
     """``(count, population)``, int64 ``(L,)``: the keys each query may see (the causal rule
     only) and how many of them it keeps (``k``, or ``fraction`` of them, at most all). Cached
-    (four small operations a call): the kernels only read them."""
-    population = _valid_prefix(0, length, length, size, causal, device)
-    return kept_count(population, k, fraction), population
+    (four small operations a call): the kernels only read them (ordinary tensors, also when
+    first asked for under inference mode: :func:`kept_across_calls`)."""
+    with kept_across_calls():
+        population = _valid_prefix(0, length, length, size, causal, device)
+        return kept_count(population, k, fraction), population
 
 
 # ------------------------------------------------------------------------------------------------

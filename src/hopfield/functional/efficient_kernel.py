@@ -24,7 +24,12 @@ from torch import Tensor
 
 from hopfield.functional.efficient import additive_bias
 from hopfield.functional.separation import Separation, Softmax
-from hopfield.functional.structures import Scale, Structure, computed_in_float32
+from hopfield.functional.structures import (
+    Scale,
+    Structure,
+    computed_in_float32,
+    kept_across_calls,
+)
 
 __all__ = ["Linear", "RandomFeatures", "kernel_association", "orthogonal_gaussian"]
 
@@ -390,10 +395,11 @@ class RandomFeatures(_KernelStructure):
             dim = self.projection.shape[1]
         device = self._factory["device"] if self.projection is None else self.projection.device
         dtype = self._factory["dtype"] if self.projection is None else self.projection.dtype
-        drawn = orthogonal_gaussian(
-            self.features_for(dim), dim, orthogonal=self.orthogonal, generator=self._generator
-        )
-        self.projection = drawn.to(device=device, dtype=dtype)
+        with kept_across_calls():  # also when first used under inference mode
+            drawn = orthogonal_gaussian(
+                self.features_for(dim), dim, orthogonal=self.orthogonal, generator=self._generator
+            )
+            self.projection = drawn.to(device=device, dtype=dtype)
         self._since_redraw = 0
 
     def _projection_for(self, dim: int) -> Tensor:
@@ -429,7 +435,8 @@ class RandomFeatures(_KernelStructure):
     ) -> None:
         saved = state_dict.get(prefix + "projection")
         if saved is not None and (self.projection is None or self.projection.shape != saved.shape):
-            self.projection = torch.empty_like(saved)
+            with kept_across_calls():
+                self.projection = torch.empty_like(saved)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

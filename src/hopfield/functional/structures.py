@@ -15,10 +15,11 @@ asked for and when the structure has them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import torch
@@ -39,6 +40,19 @@ from hopfield.functional.separation import (
 Scale = float | Tensor
 Result = tuple[Tensor, Tensor | None]
 _Forward = TypeVar("_Forward", bound=Callable[..., Result])
+
+
+@contextlib.contextmanager
+def kept_across_calls() -> Iterator[None]:
+    """Build tensors that later calls reuse (caches, buffers drawn on first use) as ordinary
+    tensors without a graph, whatever the caller's mode.
+
+    Under :func:`torch.inference_mode` new tensors are inference tensors, which autograd cannot
+    save: one kept from an inference call would fail the first later call that needs a gradient
+    through it ("Inference tensors cannot be saved for backward"). Ordinary tensors serve both.
+    """
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 class Structure(nn.Module, ABC):

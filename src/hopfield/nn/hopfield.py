@@ -26,7 +26,7 @@ from hopfield._validation import (
 )
 from hopfield.functional.associate import associate
 from hopfield.functional.separation import Separation, Softmax, SoftmaxN
-from hopfield.functional.structures import Dense, Structure, capturing_graph
+from hopfield.functional.structures import Dense, Structure, capturing_graph, kept_across_calls
 from hopfield.nn.gates import GatedAttention
 
 Patterns = Tensor | tuple[Tensor, Tensor, Tensor]
@@ -411,7 +411,9 @@ class Hopfield(nn.Module):
         are kept between calls and rebuilt when a weight or bias changes: its version (in-place
         updates) or its data pointer (``.data =``, ``load_state_dict`` into new tensors,
         ``.to()``). The cache holds the tensors it was built from, so no other tensor can take
-        their addresses while it stands. The per-call cost is that of one ``nn.Linear``. With
+        their addresses while it stands; its tensors are ordinary ones in every mode
+        (:func:`~hopfield.functional.structures.kept_across_calls`). The per-call cost is that
+        of one ``nn.Linear``. With
         gradients (training) or under tracing: three ``nn.Linear`` calls.
         """
         modules = self._modules  # dict reads: nn.Module's attribute lookup costs a microsecond
@@ -429,9 +431,10 @@ class Hopfield(nn.Module):
         key = [(t.data_ptr(), t._version) for t in tensors]
         cached = self.__dict__.get("_packed_cache")
         if cached is None or cached[0] != key:
-            weight = torch.cat([w for w, _ in weights_and_biases])
-            biases = [b for _, b in weights_and_biases]
-            bias = None if biases[0] is None else torch.cat(cast(list[Tensor], biases))
+            with kept_across_calls():  # ordinary tensors, also built under inference mode
+                weight = torch.cat([w for w, _ in weights_and_biases])
+                biases = [b for _, b in weights_and_biases]
+                bias = None if biases[0] is None else torch.cat(cast(list[Tensor], biases))
             cached = (key, weight, bias, [t.detach() for t in tensors])
             self.__dict__["_packed_cache"] = cached
         packed = F.linear(x, cached[1], cached[2])
