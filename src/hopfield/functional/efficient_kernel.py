@@ -14,6 +14,7 @@ Causal association uses prefix sums over chunks of ``chunk_size`` keys.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -48,9 +49,17 @@ def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     counts as empty too.
     """
     total = den + eps if eps else den
-    info = torch.finfo(total.dtype)
-    empty = total < info.tiny / info.eps
-    return (num / total.masked_fill(empty, 1.0)).masked_fill_(empty, 0.0)
+    # An empty row's normaliser becomes inf: its output ``num / inf`` is 0 (``num`` is at most
+    # ``den`` times the largest value there, so finite), its gradient ``1 / inf`` too, and the
+    # fill sends none to ``den``. One pass over the output, not two.
+    return num / total.masked_fill(total < _empty_below(total.dtype), math.inf)
+
+
+@functools.cache
+def _empty_below(dtype: torch.dtype) -> float:
+    """The normaliser below which :func:`_normalise` counts a row as empty, ``tiny / eps``."""
+    info = torch.finfo(dtype)
+    return info.tiny / info.eps
 
 
 def kernel_association(
