@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hopfield.functional import Entmax, Softmax, SoftmaxN, Sparsemax
+from hopfield.functional import Entmax, Sink, Softmax, SoftmaxN, Sparsemax
 from hopfield.nn import (
     GatedAttention,
     Hopfield,
@@ -268,6 +268,38 @@ def test_torch_compile_smoke() -> None:
     compiled = torch.compile(hop, backend="aot_eager")
     x = torch.randn(2, 5, D)
     assert torch.allclose(compiled(x), hop(x), atol=1e-6)
+
+
+_COMPILED_LAYERS = {
+    "softmax": lambda: Hopfield(D, HEADS),
+    "softmax_1": lambda: OutEffHop(D, HEADS),
+    "learnable-sink": lambda: Hopfield(
+        D, HEADS, separation=Sink(0.5, learnable=True, heads=HEADS, value=D // HEADS)
+    ),
+}
+
+
+@pytest.mark.parametrize("gradients", [False, True])
+@pytest.mark.parametrize("name", list(_COMPILED_LAYERS))
+def test_torch_compile_captures_the_layer_in_one_graph(name: str, gradients: bool) -> None:
+    """``fullgraph=True``: while a graph is captured the layer takes no path a graph cannot hold
+    (the flash kernel's custom autograd function, the stacked-projection cache keyed by data
+    pointers, branches on tensor values) and gives eager's values and gradients."""
+    torch.manual_seed(0)
+    layer = _COMPILED_LAYERS[name]()
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 5, D)
+    with torch.set_grad_enabled(gradients):
+        for causal in (False, True):
+            out, reference = compiled(x, causal=causal), layer(x, causal=causal)
+            torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+            if gradients:
+                params = list(layer.parameters())
+                got = torch.autograd.grad(out.square().sum(), params)
+                expected = torch.autograd.grad(reference.square().sum(), params)
+                for a, b in zip(got, expected, strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(

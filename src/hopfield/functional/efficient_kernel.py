@@ -14,7 +14,6 @@ Causal association uses prefix sums over chunks of ``chunk_size`` keys.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -55,11 +54,21 @@ def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     return num / total.masked_fill(total < _empty_below(total.dtype), math.inf)
 
 
-@functools.cache
+#: ``tiny / eps`` of the floating dtypes, read by :func:`_empty_below` (a dict rather than a
+#: cached function, which :func:`torch.compile` warns about and traces anyway).
+_EMPTY_BELOW = {
+    dtype: torch.finfo(dtype).tiny / torch.finfo(dtype).eps
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+
+
 def _empty_below(dtype: torch.dtype) -> float:
     """The normaliser below which :func:`_normalise` counts a row as empty, ``tiny / eps``."""
-    info = torch.finfo(dtype)
-    return info.tiny / info.eps
+    below = _EMPTY_BELOW.get(dtype)
+    if below is None:
+        info = torch.finfo(dtype)
+        below = info.tiny / info.eps
+    return below
 
 
 def kernel_association(

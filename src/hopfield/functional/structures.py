@@ -144,14 +144,19 @@ def computed_in_float32(forward: _Forward) -> _Forward:
 
 
 def capturing_graph() -> bool:
-    """Whether a graph is being captured for export: :func:`torch.export.export` (and so
-    ``torch.onnx.export(..., dynamo=True)``) or the TorchScript tracer of the legacy ONNX exporter.
+    """Whether a graph is being captured: for export (:func:`torch.export.export`, and so
+    ``torch.onnx.export(..., dynamo=True)``, or the TorchScript tracer of the legacy ONNX
+    exporter) or by :func:`torch.compile`.
 
-    Paths step aside then for ones that export: the CPU flash kernel's log-sum-exp (no ONNX rule)
-    for plain SDPA, and Python branches on tensor values (data-dependent, fixed at capture time)
-    for their branch-free form, which gives the same result.
+    Paths step aside then for ones a graph holds: the CPU flash kernel's log-sum-exp (no ONNX
+    rule; a custom autograd function that would break a compiled graph) for plain SDPA, which
+    the compilers lower themselves, Python branches on tensor values (data-dependent, fixed at
+    capture time) for their branch-free form, which gives the same result, and caches keyed by
+    data pointers (which a compiled graph cannot read) for the computation they cache.
     """
-    return bool(torch.compiler.is_exporting() or torch.jit.is_tracing())
+    return bool(
+        torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+    )
 
 
 def explicit_association(
@@ -407,12 +412,17 @@ class _FlashSink(torch.autograd.Function):
     With ``A = logaddexp(lse, s)`` the output is ``exp(lse - A) · O + exp(s - A) · v_s``
     (``sigmoid(lse - s) · O`` without a value sink). The gradients of ``q, k, v`` are the kernel's
     backward at the augmented ``A`` with the sink's output (the sink column never reaches a key
-    or value); ``d out / d s = p_s (v_s - out)`` and ``d out / d v_s = p_s``.
+    or value); ``d out / d s = p_s (v_s - out)`` and ``d out / d v_s = p_s`` with
+    ``p_s = exp(s - A)``.
+
+    Written for :mod:`torch.func` (``forward`` without ``ctx``, :meth:`setup_context`, a generated
+    vmap rule): ``apply`` returns ``(out, A)``, ``A`` without a gradient.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(
-        ctx: Any,
         q: Tensor,
         k: Tensor,
         v: Tensor,
@@ -421,27 +431,35 @@ class _FlashSink(torch.autograd.Function):
         mask: Tensor | None,
         is_causal: bool,
         scale: float,
-    ) -> Tensor:
-        out, lse, abstained = _flash_sink_forward(q, k, v, sink, value_sink, mask, is_causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse, mask, sink, value_sink, abstained)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        return out
+    ) -> tuple[Tensor, Tensor]:
+        return _flash_sink_forward(q, k, v, sink, value_sink, mask, is_causal, scale)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, mask, sink, value_sink, abstained = ctx.saved_tensors
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+        q, k, v, sink, value_sink, mask, is_causal, scale = inputs
+        out, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, mask, sink, value_sink)
+        ctx.is_causal, ctx.scale = is_causal, scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
         grad = grad.contiguous()
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
         )
         grad_sink = grad_value = None
-        if ctx.needs_input_grad[3]:
-            target = -out.to(lse.dtype) if value_sink is None else value_sink - out.to(lse.dtype)
-            grad_sink = (abstained * grad.to(lse.dtype) * target).sum(-1, keepdim=True)
-            grad_sink = grad_sink.squeeze(-1).sum_to_size(sink.shape).to(sink.dtype)
-        if ctx.needs_input_grad[4]:
-            grad_value = (abstained * grad.to(lse.dtype)).sum_to_size(value_sink.shape)
-            grad_value = grad_value.to(value_sink.dtype)
+        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+            abstained = torch.exp(sink.to(lse.dtype) - lse).unsqueeze(-1)  # p_s
+            weighted = abstained * grad.to(lse.dtype)
+            if ctx.needs_input_grad[3]:
+                target = (
+                    -out.to(lse.dtype) if value_sink is None else value_sink - out.to(lse.dtype)
+                )
+                grad_sink = (weighted * target).sum(-1).sum_to_size(sink.shape).to(sink.dtype)
+            if ctx.needs_input_grad[4]:
+                grad_value = weighted.sum_to_size(value_sink.shape).to(value_sink.dtype)
         return (*grads, grad_sink, grad_value, None, None, None)
 
 
@@ -454,10 +472,9 @@ def _flash_sink_forward(
     mask: Tensor | None,
     is_causal: bool,
     scale: float,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """:class:`_FlashSink`'s forward pass: ``(out, lse of the augmented scores, p_s)``."""
+) -> tuple[Tensor, Tensor]:
+    """:class:`_FlashSink`'s forward pass: ``(out, lse of the augmented scores)``."""
     out, lse = flash_attention(q, k, v, mask, is_causal, scale)
-    abstained = None
     if sink is not None:
         if mask is not None:  # the kernel gives lse = 0 to a fully masked row: it has none
             blocked = (mask == -math.inf).all(dim=-1)
@@ -468,7 +485,7 @@ def _flash_sink_forward(
         if value_sink is not None:
             out.add_((abstained * value_sink.to(lse.dtype)).to(out.dtype))
         lse = augmented
-    return out, lse, abstained
+    return out, lse
 
 
 #: The fewest keys a part of a split-key flash call gets (smaller parts cost more to merge
@@ -603,8 +620,8 @@ def _flash_softmax_n(
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # inference: the same kernel calls without the autograd function's bookkeeping
         return _flash_sink_forward(q, k, v, sink, None, mask, is_causal, scale)[0]
-    out: Tensor = _FlashSink.apply(q, k, v, sink, None, mask, is_causal, scale)
-    return out
+    out, _ = _FlashSink.apply(q, k, v, sink, None, mask, is_causal, scale)
+    return cast(Tensor, out)
 
 
 def flash_sink(
@@ -617,8 +634,8 @@ def flash_sink(
     value_sink = sink.value_sink(q, v.shape[-1], work)
     q, scale, mask, is_causal = _flash_inputs(q, scale, mask, causal, k.shape[-2])
     sink_rows = logit if logit.dim() == 0 else logit.squeeze(-1)  # broadcastable to lse (B, H, L)
-    out: Tensor = _FlashSink.apply(q, k, v, sink_rows, value_sink, mask, is_causal, scale)
-    return out
+    out, _ = _FlashSink.apply(q, k, v, sink_rows, value_sink, mask, is_causal, scale)
+    return cast(Tensor, out)
 
 
 def sink_inputs(

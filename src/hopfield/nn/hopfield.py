@@ -414,7 +414,8 @@ class Hopfield(nn.Module):
         their addresses while it stands; its tensors are ordinary ones in every mode
         (:func:`~hopfield.functional.structures.kept_across_calls`). The per-call cost is that
         of one ``nn.Linear``. With
-        gradients (training) or under tracing: three ``nn.Linear`` calls.
+        gradients (training) or while a graph is captured (tracing, export,
+        :func:`torch.compile`: no data pointers there): three ``nn.Linear`` calls.
         """
         modules = self._modules  # dict reads: nn.Module's attribute lookup costs a microsecond
         layers = cast(
@@ -425,7 +426,7 @@ class Hopfield(nn.Module):
         tensors = [t for pair in weights_and_biases for t in pair if t is not None]
         if (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-        ) or torch.jit.is_tracing():
+        ) or capturing_graph():  # no data pointers in a graph
             q_proj, k_proj, v_proj = layers
             return self._split_heads(q_proj(x), k_proj(x), v_proj(x))
         key = [(t.data_ptr(), t._version) for t in tensors]
@@ -451,14 +452,13 @@ class Hopfield(nn.Module):
     def _scale_argument(self) -> Tensor | float:
         """``self.scale`` for :func:`associate`: a fixed scale that every head shares as its
         float (read once per version of the buffer), which spares the per-call checks of a
-        tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, tracing)
-        the tensor."""
+        tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, a graph being
+        captured) the tensor."""
         scale = self.scale
         if (
             scale.requires_grad
             or scale.is_meta  # priced without data (hopfield.plan)
-            or torch.jit.is_tracing()
-            or torch.compiler.is_compiling()
+            or capturing_graph()
         ):
             return scale
         key = (scale.data_ptr(), scale._version)

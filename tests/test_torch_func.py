@@ -1,0 +1,88 @@
+"""The softmax family on the dense structure under :mod:`torch.func` (``grad``, ``vmap``):
+the default path of every layer (the CPU flash kernel with its sink, ``_FlashSink``) gives the
+gradients of ordinary autograd, per sample under ``vmap`` as one by one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.func import functional_call, grad, vmap
+
+from hopfield.functional import Separation, Sink, Softmax, SoftmaxN, associate
+from hopfield.nn import Hopfield
+
+D = torch.float64
+
+SEPARATIONS: dict[str, Callable[[], Separation]] = {
+    "softmax": Softmax,
+    "softmax_1": lambda: SoftmaxN(1.0),
+    "learnable-sink-with-value": lambda: Sink(0.5, learnable=True, heads=2, value=4, dtype=D),
+}
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+
+def _layer(name: str) -> Hopfield:
+    torch.manual_seed(0)
+    return Hopfield(8, 2, separation=SEPARATIONS[name](), dtype=D)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(SEPARATIONS))
+def test_func_grad_of_a_layer_equals_autograd(name: str, causal: bool) -> None:
+    layer = _layer(name)
+    x = torch.randn(3, 5, 8, dtype=D)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = functional_call(layer, p, (x,), {"causal": causal})
+        return (out * out).sum()
+
+    grads = grad(loss)(params)
+    out = layer(x, causal=causal)
+    assert isinstance(out, torch.Tensor)
+    reference = torch.autograd.grad((out * out).sum(), list(layer.parameters()))
+    assert len(reference) == len(params)
+    for (n, _), expected in zip(layer.named_parameters(), reference, strict=True):
+        torch.testing.assert_close(grads[n], expected, rtol=1e-10, atol=1e-12, msg=n)
+    assert any(bool(g.abs().sum() > 0) for g in grads.values())
+
+
+@pytest.mark.parametrize("name", list(SEPARATIONS))
+def test_per_sample_gradients_under_vmap_equal_one_by_one(name: str) -> None:
+    layer = _layer(name)
+    x = torch.randn(4, 5, 8, dtype=D)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], sample: torch.Tensor) -> torch.Tensor:
+        return functional_call(layer, p, (sample.unsqueeze(0),)).square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(x.shape[0]):
+        out = layer(x[i : i + 1])
+        assert isinstance(out, torch.Tensor)
+        one = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+        for (n, _), expected in zip(layer.named_parameters(), one, strict=True):
+            torch.testing.assert_close(per_sample[n][i], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_func_grad_of_associate_with_a_padding_mask() -> None:
+    """The flash path with an additive mask and a row that sees no key (Softmax_1: zeros)."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 4, 3, dtype=D, generator=gen) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 4, dtype=torch.bool)
+    mask[1] = False
+
+    def total(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = associate(q, k, v, separation=SoftmaxN(1.0), mask=mask)
+        assert isinstance(out, torch.Tensor)
+        return out.square().sum()
+
+    grads = grad(total, argnums=(0, 1, 2))(q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = torch.autograd.grad(total(*leaves), leaves)
+    for got, expected in zip(grads, reference, strict=True):
+        assert bool(torch.isfinite(got).all())
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
