@@ -401,6 +401,34 @@ def test_stacked_projections_follow_a_parametrized_weight() -> None:
     torch.testing.assert_close(after, layer(x).detach(), rtol=1e-12, atol=1e-12)
 
 
+def test_copies_and_pickles_leave_the_per_call_caches_behind() -> None:
+    """``copy.deepcopy`` and pickling (``torch.save(module)``) drop the caches keyed by data
+    pointers, which name the original's tensors; the copy builds its own and retrieves as the
+    original does."""
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected = layer(x)
+    assert {"_packed_cache", "_scale_cache"} <= set(layer.__dict__)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for twin in (copy.deepcopy(layer), loaded):
+        assert not {"_packed_cache", "_scale_cache"} & set(twin.__dict__)
+        with torch.no_grad():
+            twin.q_proj.weight.mul_(2.0)  # the copy's own weights, not the original's cache
+            torch.testing.assert_close(twin(x), twin(x.clone()), rtol=0, atol=0)
+            assert not torch.allclose(twin(x), expected)
+    assert "_packed_cache" in layer.__dict__  # the original keeps its own
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+
+
 def test_stacked_projections_built_in_inference_mode_serve_autograd_later() -> None:
     """A frozen layer (no parameter needs a gradient) takes the stacked projections in every
     mode; stacked under ``torch.inference_mode`` they are inference tensors, which autograd cannot

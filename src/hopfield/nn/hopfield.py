@@ -277,6 +277,20 @@ class Hopfield(nn.Module):
         else:
             self.register_buffer("scale", initial)
 
+    #: Per-call caches in ``__dict__`` (:meth:`_packed_projections`, :meth:`_scale_argument`),
+    #: keyed by data pointers that mean nothing in another process or copy.
+    _CACHES = ("_packed_cache", "_scale_cache")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without its per-call caches: a copy or an unpickled module
+        (``copy.deepcopy``, ``torch.save(module)``) builds them anew. Kept, their keys name
+        addresses of the original's tensors, which a new tensor of the copy could take once the
+        original is gone, and then a stale cache would be read as current."""
+        state = dict(super().__getstate__())
+        for name in self._CACHES:
+            state.pop(name, None)
+        return state
+
     def reset_parameters(self) -> None:
         """Xavier-uniform projections with zero biases, unit LayerNorms, the initial scale; the
         separation, structure and gate reset their own parameters (e.g. a learnable alpha)."""
