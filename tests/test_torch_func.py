@@ -86,3 +86,45 @@ def test_func_grad_of_associate_with_a_padding_mask() -> None:
     for got, expected in zip(grads, reference, strict=True):
         assert bool(torch.isfinite(got).all())
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+class _Attend(torch.nn.Module):
+    """``associate`` with a separation whose parameters ``torch.func.functional_call`` can swap."""
+
+    def __init__(self, separation: Separation, mask: torch.Tensor | None, causal: bool) -> None:
+        super().__init__()
+        self.separation, self.mask, self.causal = separation, mask, causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = associate(q, k, v, separation=self.separation, mask=self.mask, causal=self.causal)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(SEPARATIONS))
+def test_the_flash_path_is_twice_differentiable(name: str, causal: bool, masked: bool) -> None:
+    """``create_graph=True`` (double backward, gradient penalties, Hessian-vector products):
+    the flash kernel's backward has no derivative, so that backward is taken through the
+    attention written out; ``gradgradcheck`` in float64 for q, k, v and, with a learnable sink,
+    its logit and value, with a padding mask that leaves one row without a key."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 4, 4, dtype=D, generator=gen) for _ in range(3))
+    mask = None
+    if masked:
+        mask = torch.ones(2, 1, 1, 4, dtype=torch.bool)
+        mask[0, ..., 1] = False
+        mask[1] = False
+    module = _Attend(SEPARATIONS[name](), mask, causal)
+    names = [n for n, _ in module.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for _, p in module.named_parameters()]
+
+    def attend(*tensors: torch.Tensor) -> torch.Tensor:
+        swapped = dict(zip(names, tensors[3:], strict=True))
+        out = functional_call(module, swapped, tensors[:3])
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    inputs = (*(t.requires_grad_() for t in (q, k, v)), *params)
+    assert torch.autograd.gradgradcheck(attend, inputs)

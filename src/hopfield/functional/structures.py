@@ -445,6 +445,8 @@ class _FlashSink(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: this backward is differentiated in turn
+            return _differentiable_sink_grads(ctx, grad)
         grad = grad.contiguous()
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
@@ -461,6 +463,59 @@ class _FlashSink(torch.autograd.Function):
             if ctx.needs_input_grad[4]:
                 grad_value = weighted.sum_to_size(value_sink.shape).to(value_sink.dtype)
         return (*grads, grad_sink, grad_value, None, None, None)
+
+
+def _differentiable_sink_grads(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`_FlashSink`'s gradients as a differentiable graph (``create_graph=True``: double
+    backward, gradient penalties, Hessian-vector products, :mod:`torch.func` transforms), from
+    the attention written out (:func:`_explicit_sink_attention`): the flash kernel's backward
+    has no derivative of its own."""
+    q, k, v, _, lse, mask, sink, value_sink = ctx.saved_tensors
+    inputs = (q, k, v, sink, value_sink)
+    wanted = [i for i in range(len(inputs)) if ctx.needs_input_grad[i]]
+    with torch.enable_grad():
+        out = _explicit_sink_attention(
+            q, k, v, sink, value_sink, mask, ctx.is_causal, ctx.scale, lse.dtype
+        )
+    found = torch.autograd.grad(
+        out, [inputs[i] for i in wanted], grad.to(out.dtype), create_graph=True, allow_unused=True
+    )
+    grads: list[Tensor | None] = [None] * len(inputs)
+    for i, value in zip(wanted, found, strict=True):
+        grads[i] = None if value is None else value.to(inputs[i].dtype)
+    return (*grads, None, None, None)
+
+
+def _explicit_sink_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sink: Tensor | None,
+    value_sink: Tensor | None,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dtype: torch.dtype,
+) -> Tensor:
+    """:class:`_FlashSink`'s output ``(B, H, L, Ev)`` in ``dtype`` from differentiable operations:
+    the scores with the sink as one more column, a softmax, the values and the value sink. A
+    row with no finite score (fully masked, no sink) gets zero weights, as from the kernel."""
+    size = k.shape[-2]
+    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.to(dtype)
+    if is_causal:
+        above = torch.ones(q.shape[-2], size, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(above, -math.inf)
+    if sink is not None:
+        column = sink.to(dtype).unsqueeze(-1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, column], dim=-1)
+    blocked = (scores == -math.inf).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(blocked, 0.0), dim=-1).masked_fill(blocked, 0.0)
+    out = torch.matmul(weights[..., :size], v.to(dtype))
+    if value_sink is not None:
+        out = out + weights[..., size:] * value_sink.to(dtype)
+    return out
 
 
 def _flash_sink_forward(
