@@ -338,12 +338,17 @@ def test_bad_forward_input_raises() -> None:
         hop(torch.randn(2, 5, D), attn_mask=torch.zeros(3, 5, dtype=torch.bool))
 
 
+def _seeded_layer(batch_first: bool = True) -> Hopfield:
+    """A float64 two-head layer of width 8 in eval mode, the same weights on every call."""
+    torch.manual_seed(0)
+    return Hopfield(8, num_heads=2, batch_first=batch_first, dtype=torch.float64).eval()
+
+
 def test_inference_caches_follow_weight_and_scale_changes() -> None:
     """Without gradients the layer stacks its projections and reads a shared scale once (issue
     31, item 7); the results equal the training-mode computation, and a changed weight, bias or
     scale (in place or loaded) is used at the next call."""
-    torch.manual_seed(0)
-    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    layer = _seeded_layer()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
 
     def both() -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,8 +394,7 @@ def test_stacked_projections_follow_a_parametrized_weight() -> None:
         def forward(self, weight: torch.Tensor) -> torch.Tensor:
             return 2.0 * weight
 
-    torch.manual_seed(0)
-    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    layer = _seeded_layer()
     parametrize.register_parametrization(layer.k_proj, "weight", Doubled())
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     with torch.no_grad():
@@ -408,8 +412,7 @@ def test_copies_and_pickles_leave_the_per_call_caches_behind() -> None:
     import copy
     import io
 
-    torch.manual_seed(0)
-    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).eval()
+    layer = _seeded_layer()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     with torch.no_grad():
         expected = layer(x)
@@ -433,8 +436,7 @@ def test_stacked_projections_built_in_inference_mode_serve_autograd_later() -> N
     """A frozen layer (no parameter needs a gradient) takes the stacked projections in every
     mode; stacked under ``torch.inference_mode`` they are inference tensors, which autograd cannot
     save, so an input that needs its gradient afterwards gets projections stacked outside it."""
-    torch.manual_seed(0)
-    layer = Hopfield(8, num_heads=2, batch_first=True, dtype=torch.float64).requires_grad_(False)
+    layer = _seeded_layer().requires_grad_(False)
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     with torch.inference_mode():
         first = layer(x)
@@ -452,8 +454,7 @@ def test_one_input_takes_the_stacked_projections_in_either_layout(batch_first: b
     """One tensor in all three roles is checked and moved once, so the layer sees one input and
     stacks its projections whatever the layout (issue 31, item 7); the result is that of the
     three projections."""
-    torch.manual_seed(0)
-    layer = Hopfield(8, num_heads=2, batch_first=batch_first, dtype=torch.float64).eval()
+    layer = _seeded_layer(batch_first)
     x = torch.randn(5, 3, 8, dtype=torch.float64)
     with torch.no_grad():
         fast = layer(x)

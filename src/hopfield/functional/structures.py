@@ -470,13 +470,12 @@ def _differentiable_sink_grads(ctx: Any, grad: Tensor) -> tuple[Tensor | None, .
     backward, gradient penalties, Hessian-vector products, :mod:`torch.func` transforms), from
     the attention written out (:func:`_explicit_sink_attention`): the flash kernel's backward
     has no derivative of its own."""
-    q, k, v, _, lse, mask, sink, value_sink = ctx.saved_tensors
+    saved = ctx.saved_tensors
+    q, k, v, _, lse, _, sink, value_sink = saved
     inputs = (q, k, v, sink, value_sink)
     wanted = [i for i in range(len(inputs)) if ctx.needs_input_grad[i]]
     with torch.enable_grad():
-        out = _explicit_sink_attention(
-            q, k, v, sink, value_sink, mask, ctx.is_causal, ctx.scale, lse.dtype
-        )
+        out = _explicit_sink_attention(saved, ctx.is_causal, ctx.scale, lse.dtype)
     found = torch.autograd.grad(
         out, [inputs[i] for i in wanted], grad.to(out.dtype), create_graph=True, allow_unused=True
     )
@@ -487,19 +486,14 @@ def _differentiable_sink_grads(ctx: Any, grad: Tensor) -> tuple[Tensor | None, .
 
 
 def _explicit_sink_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    sink: Tensor | None,
-    value_sink: Tensor | None,
-    mask: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dtype: torch.dtype,
+    saved: tuple[Tensor | None, ...], is_causal: bool, scale: float, dtype: torch.dtype
 ) -> Tensor:
-    """:class:`_FlashSink`'s output ``(B, H, L, Ev)`` in ``dtype`` from differentiable operations:
-    the scores with the sink as one more column, a softmax, the values and the value sink. A
-    row with no finite score (fully masked, no sink) gets zero weights, as from the kernel."""
+    """:class:`_FlashSink`'s output ``(B, H, L, Ev)`` in ``dtype`` from differentiable operations,
+    from its saved tensors ``(q, k, v, out, lse, mask, sink, value_sink)``: the scores with the
+    sink as one more column, a softmax, the values and the value sink. A row with no finite
+    score (fully masked, no sink) gets zero weights, as from the kernel."""
+    q, k, v, _, _, mask, sink, value_sink = saved
+    assert q is not None and k is not None and v is not None
     size = k.shape[-2]
     scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
     if mask is not None:
