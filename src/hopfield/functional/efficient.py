@@ -42,6 +42,7 @@ from hopfield.functional.structures import (
     causal_mask,
     computed_in_float32,
     kept_across_calls,
+    recomputing_in_backward,
     weigh_values,
     with_causal,
 )
@@ -1948,6 +1949,22 @@ class RandomMask(_GatheredStructure):
             self._private[key] = private
         return self._private[key]
 
+    def _check_not_recomputed(self) -> None:
+        """Refuse a recomputation (activation checkpointing) that would draw other subsets than
+        the call it recomputes: from this module's own generator, which checkpointing does not
+        rewind (its gradients would belong to other subsets than the output's, silently)."""
+        generator = self._call.generator
+        fixed = not self.training and self.eval_sampling == "fixed"  # re-seeded every call
+        if generator is not None and not fixed and recomputing_in_backward():
+            raise RuntimeError(
+                "RandomMask: a forward recomputed in the backward pass (activation checkpointing) "
+                "would draw other subsets than the first call from this module's own generator "
+                f"(seed={self.seed!r}{', generator=...' if self.generator is not None else ''}), "
+                "which checkpointing does not rewind; use seed=None and no generator (torch's "
+                "global generator, whose state checkpointing restores) or do not checkpoint this "
+                "module"
+            )
+
     def _stream_seed(self) -> int:
         """The seed of this call's kernel-drawn subsets (:func:`native.sample_keep`,
         :func:`native.sample_indices`), drawn from its generator at the first use in the call:
@@ -1994,6 +2011,7 @@ class RandomMask(_GatheredStructure):
         size = k.shape[-2]
         upper = upper_count(self.k, self.fraction, size)
         self._call.generator = self._generator_for(q.device)
+        self._check_not_recomputed()
         try:
             if self._attends_fused(q, k, v, separation, scale, mask, dropout, return_weights):
                 return self._fused(q, k, v, separation, scale, mask, causal), None

@@ -29,6 +29,7 @@ from hopfield.functional.structures import (
     Structure,
     computed_in_float32,
     kept_across_calls,
+    recomputing_in_backward,
 )
 
 __all__ = ["Linear", "RandomFeatures", "kernel_association", "orthogonal_gaussian"]
@@ -433,9 +434,11 @@ class RandomFeatures(_KernelStructure):
         return self.projection
 
     def _count_call(self, dim: int) -> None:
-        """Redraw every ``redraw`` training-mode calls."""
+        """Redraw every ``redraw`` training-mode calls; a forward recomputed in the backward pass
+        (activation checkpointing) is the call it recomputes, on the projection that call used,
+        and is not counted again."""
         self._projection_for(dim)
-        if not self.training or self.redraw is None:
+        if not self.training or self.redraw is None or recomputing_in_backward():
             return
         if self._since_redraw >= self.redraw:
             self.reset_parameters(dim)

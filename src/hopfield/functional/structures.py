@@ -143,6 +143,20 @@ def computed_in_float32(forward: _Forward) -> _Forward:
     return cast(_Forward, wrapper)
 
 
+def recomputing_in_backward() -> bool:
+    """Whether this forward call runs inside a backward pass with gradients recorded: activation
+    checkpointing (:func:`torch.utils.checkpoint.checkpoint`, reentrant or not; Hugging Face's
+    ``gradient_checkpointing_enable()``) recomputing a forward to differentiate it.
+
+    The recomputation must draw what the first call drew: checkpointing restores torch's global
+    random state for it, but not a module's own generator or call counter. (Read from
+    ``torch._C._current_graph_task_id``, -1 outside a backward pass; ``False`` if this torch
+    build lacks it.)
+    """
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and torch.is_grad_enabled() and task() != -1
+
+
 def capturing_graph() -> bool:
     """Whether a graph is being captured: for export (:func:`torch.export.export`, and so
     ``torch.onnx.export(..., dynamo=True)``, or the TorchScript tracer of the legacy ONNX
