@@ -39,6 +39,7 @@ from hopfield.functional.structures import (
     Scale,
     Structure,
     apply_mask,
+    capturing_graph,
     causal_mask,
     computed_in_float32,
     kept_across_calls,
@@ -685,9 +686,14 @@ def _running_top(
 def _product_into(workspace: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """``q kᵀ`` (``q (B, H, Lc, E)``, ``k (B', H', W, E)``, batch dimensions broadcast) written
     into the front of the flat ``workspace`` (a fresh tensor when it is too small or of another
-    dtype, e.g. for queries promoted by a float64 ``scale`` in a direct structure call)."""
+    dtype, e.g. for queries promoted by a float64 ``scale`` in a direct structure call, or while
+    a graph is captured: no ``out=`` into a buffer there)."""
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
-    if workspace.numel() < math.prod(shape) or workspace.dtype != torch.result_type(q, k):
+    if (
+        workspace.numel() < math.prod(shape)
+        or workspace.dtype != torch.promote_types(q.dtype, k.dtype)
+        or capturing_graph()
+    ):
         return torch.matmul(q, k.transpose(-1, -2))
     return torch.matmul(q, k.transpose(-1, -2), out=workspace[: math.prod(shape)].view(shape))
 
@@ -1469,7 +1475,14 @@ class TopK(_GatheredStructure):
                     valid, self.k, self.fraction
                 ).unsqueeze(-1)
                 keep = ranked & (values > -math.inf)
-            return support_bias(idx, keep, scores.fill_(-math.inf))
+            # The scores' buffer takes the bias, except in a captured graph: AOT autograd's
+            # functionalization ran this fill before the topk that reads the buffer when the
+            # buffer came from a no-op expand().contiguous() (an alias), and every query lost its
+            # support (NaN outputs under torch.compile with gradients, torch 2.13).
+            out = (
+                torch.full_like(scores, -math.inf) if capturing_graph() else scores.fill_(-math.inf)
+            )
+            return support_bias(idx, keep, out)
 
     def _support(
         self,
@@ -1979,6 +1992,10 @@ class RandomMask(_GatheredStructure):
     def _rand(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
         generator = self._call.generator
         where = generator.device if generator is not None else device
+        if generator is None:  # torch's global generator; no generator= at all: with it,
+            # torch.compile's symbolic shapes fail ("SymIntArrayRef expected to contain only
+            # concrete integers")
+            return torch.rand(shape, device=where).to(device)
         return torch.rand(shape, generator=generator, device=where).to(device)
 
     @computed_in_float32

@@ -158,6 +158,23 @@ def enabled() -> bool:
     return os.environ.get("HOPFIELD_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def capturing_graph() -> bool:
+    """Whether a graph is being captured: for export (:func:`torch.export.export`, and so
+    ``torch.onnx.export(..., dynamo=True)``, or the TorchScript tracer of the legacy ONNX
+    exporter) or by :func:`torch.compile`.
+
+    Paths step aside then for ones a graph holds: the CPU flash kernel's log-sum-exp (no ONNX
+    rule; a custom autograd function that would break a compiled graph) for plain SDPA, which
+    the compilers lower themselves, Python branches on tensor values (data-dependent, fixed at
+    capture time) for their branch-free form, which gives the same result, and caches keyed by
+    data pointers (which a compiled graph cannot read) for the computation they cache; the
+    native kernels (ctypes calls on data pointers) for their PyTorch paths (:func:`available`).
+    """
+    return bool(
+        torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+    )
+
+
 def _cache_root() -> Path:
     root = os.environ.get("HOPFIELD_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "hopfield"
@@ -387,7 +404,7 @@ def _warn(reason: str) -> None:
 def usable_on(device: torch.device) -> bool:
     """Whether the native kernels can run on ``device``: enabled, the CPU, and built (for the
     kernels on index tensors only, e.g. :func:`floyd_sample`)."""
-    return enabled() and device.type == "cpu" and _library() is not None
+    return enabled() and device.type == "cpu" and not capturing_graph() and _library() is not None
 
 
 def available(*tensors: Tensor) -> bool:
@@ -402,7 +419,7 @@ def available(*tensors: Tensor) -> bool:
                 dtype = t.dtype
             elif t.dtype != dtype:
                 return False
-    return dtype in _DTYPES and enabled() and _library() is not None
+    return dtype in _DTYPES and enabled() and not capturing_graph() and _library() is not None
 
 
 def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:

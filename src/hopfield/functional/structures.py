@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.blockwise import blockwise_entmax_attention
+from hopfield.functional.native import capturing_graph
 from hopfield.functional.separation import (
     HALF_DTYPES,
     Entmax,
@@ -155,22 +156,6 @@ def recomputing_in_backward() -> bool:
     """
     task = getattr(torch._C, "_current_graph_task_id", None)
     return task is not None and torch.is_grad_enabled() and task() != -1
-
-
-def capturing_graph() -> bool:
-    """Whether a graph is being captured: for export (:func:`torch.export.export`, and so
-    ``torch.onnx.export(..., dynamo=True)``, or the TorchScript tracer of the legacy ONNX
-    exporter) or by :func:`torch.compile`.
-
-    Paths step aside then for ones a graph holds: the CPU flash kernel's log-sum-exp (no ONNX
-    rule; a custom autograd function that would break a compiled graph) for plain SDPA, which
-    the compilers lower themselves, Python branches on tensor values (data-dependent, fixed at
-    capture time) for their branch-free form, which gives the same result, and caches keyed by
-    data pointers (which a compiled graph cannot read) for the computation they cache.
-    """
-    return bool(
-        torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
-    )
 
 
 def explicit_association(
