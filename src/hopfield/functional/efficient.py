@@ -1991,12 +1991,11 @@ class RandomMask(_GatheredStructure):
 
     def _rand(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
         generator = self._call.generator
-        where = generator.device if generator is not None else device
-        if generator is None:  # torch's global generator; no generator= at all: with it,
+        if generator is None:  # torch's global generator, without generator=None: passed,
             # torch.compile's symbolic shapes fail ("SymIntArrayRef expected to contain only
             # concrete integers")
-            return torch.rand(shape, device=where).to(device)
-        return torch.rand(shape, generator=generator, device=where).to(device)
+            return torch.rand(shape, device=device)
+        return torch.rand(shape, generator=generator, device=generator.device).to(device)
 
     @computed_in_float32
     def forward(

@@ -52,24 +52,8 @@ def _normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     # An empty row's normaliser becomes inf: its output ``num / inf`` is 0 (``num`` is at most
     # ``den`` times the largest value there, so finite), its gradient ``1 / inf`` too, and the
     # fill sends none to ``den``. One pass over the output, not two.
-    return num / total.masked_fill(total < _empty_below(total.dtype), math.inf)
-
-
-#: ``tiny / eps`` of the floating dtypes, read by :func:`_empty_below` (a dict rather than a
-#: cached function, which :func:`torch.compile` warns about and traces anyway).
-_EMPTY_BELOW = {
-    dtype: torch.finfo(dtype).tiny / torch.finfo(dtype).eps
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-}
-
-
-def _empty_below(dtype: torch.dtype) -> float:
-    """The normaliser below which :func:`_normalise` counts a row as empty, ``tiny / eps``."""
-    below = _EMPTY_BELOW.get(dtype)
-    if below is None:
-        info = torch.finfo(dtype)
-        below = info.tiny / info.eps
-    return below
+    info = torch.finfo(total.dtype)
+    return num / total.masked_fill(total < info.tiny / info.eps, math.inf)
 
 
 def kernel_association(

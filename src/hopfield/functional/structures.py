@@ -443,9 +443,9 @@ class _FlashSink(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: this backward is differentiated in turn
             return _differentiable_sink_grads(ctx, grad)
+        q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
         grad = grad.contiguous()
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale

@@ -427,9 +427,8 @@ class Hopfield(nn.Module):
         ``.to()``). The cache holds the tensors it was built from, so no other tensor can take
         their addresses while it stands; its tensors are ordinary ones in every mode
         (:func:`~hopfield.functional.structures.kept_across_calls`). The per-call cost is that
-        of one ``nn.Linear``. With
-        gradients (training) or while a graph is captured (tracing, export,
-        :func:`torch.compile`: no data pointers there): three ``nn.Linear`` calls.
+        of one ``nn.Linear``. With gradients (training) or while a graph is captured (tracing,
+        export, :func:`torch.compile`: no data pointers there): three ``nn.Linear`` calls.
         """
         modules = self._modules  # dict reads: nn.Module's attribute lookup costs a microsecond
         layers = cast(
@@ -466,8 +465,8 @@ class Hopfield(nn.Module):
     def _scale_argument(self) -> Tensor | float:
         """``self.scale`` for :func:`associate`: a fixed scale that every head shares as its
         float (read once per version of the buffer), which spares the per-call checks of a
-        tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, a graph being
-        captured) the tensor."""
+        tensor scale and its ``q · β`` product; otherwise (learnable, per-head values, a graph
+        being captured) the tensor."""
         scale = self.scale
         if (
             scale.requires_grad
