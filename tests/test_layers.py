@@ -449,6 +449,24 @@ def test_stacked_projections_built_in_inference_mode_serve_autograd_later() -> N
         torch.testing.assert_close(layer(x), first, rtol=1e-12, atol=1e-12)
 
 
+def test_a_layer_made_in_inference_mode_serves_in_it_and_sees_in_place_updates() -> None:
+    """A layer built under ``torch.inference_mode`` (a model loaded for serving in one block)
+    holds inference tensors, which have no version counter: the layer retrieves as one built
+    outside (it failed on reading the counter) and sees its weights and scale changed in place
+    (nothing is kept that an unseen update could make stale)."""
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    reference = _seeded_layer()  # ordinary tensors
+    with torch.inference_mode():
+        layer = _seeded_layer()
+        assert layer.q_proj.weight.is_inference() and layer.scale.is_inference()
+        torch.testing.assert_close(layer(x), reference(x), rtol=1e-12, atol=1e-12)
+        for updated in (layer, reference):
+            updated.q_proj.weight.mul_(2.0)
+            updated.scale.mul_(3.0)
+        torch.testing.assert_close(layer(x), reference(x), rtol=1e-12, atol=1e-12)
+        assert not {"_packed_cache", "_scale_cache"} & set(layer.__dict__)
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_one_input_takes_the_stacked_projections_in_either_layout(batch_first: bool) -> None:
     """One tensor in all three roles is checked and moved once, so the layer sees one input and

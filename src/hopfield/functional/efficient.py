@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, overload
@@ -1837,13 +1838,18 @@ def _masked_kernel_applies(
 
 
 @dataclass
-class _CallDraws:
+class _CallDraws(threading.local):
     """What one call of :class:`RandomMask` draws from: its generator and, once drawn, the seed
-    of its streams (set at the call's start, cleared at its end). A plain object, so that the
-    call sets no attribute of the module (``nn.Module.__setattr__`` costs microseconds)."""
+    of its streams (set at the call's start, cleared at its end). Not an attribute of the module
+    (``nn.Module.__setattr__`` costs microseconds); one per thread, so that calls of one module
+    from several threads (a model served by a thread pool) do not draw from each other's
+    generator and seed. Copies and pickles start empty, as a call does."""
 
     generator: torch.Generator | None = None
     seed: int | None = None
+
+    def __reduce__(self) -> tuple[type[_CallDraws], tuple[()]]:
+        return type(self), ()
 
 
 class RandomMask(_GatheredStructure):
@@ -1956,11 +1962,13 @@ class RandomMask(_GatheredStructure):
         if self.seed is None:
             return None
         key = str(device)
-        if key not in self._private:
+        private = self._private.get(key)
+        if private is None:
             private = torch.Generator(device=device)
             private.manual_seed(self.seed)
-            self._private[key] = private
-        return self._private[key]
+            # setdefault: of two threads' first calls, both draw from the one that is kept
+            private = self._private.setdefault(key, private)
+        return private
 
     def _check_not_recomputed(self) -> None:
         """Refuse a recomputation (activation checkpointing) that would draw other subsets than

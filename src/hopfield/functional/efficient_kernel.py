@@ -15,6 +15,7 @@ Causal association uses prefix sums over chunks of ``chunk_size`` keys.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -293,6 +294,9 @@ def _padding_count(count: int) -> int:
     return -count % _FEATURE_MULTIPLE if count >= 8 * _FEATURE_MULTIPLE else 0
 
 
+_FIRST_DRAW = threading.Lock()  # the first draw of a projection, for calls from several threads
+
+
 class RandomFeatures(_KernelStructure):
     """Random-feature association (FAVOR+, Choromanski et al. 2021; paper Proposition E.3).
 
@@ -406,16 +410,21 @@ class RandomFeatures(_KernelStructure):
         self._since_redraw = 0
 
     def _projection_for(self, dim: int) -> Tensor:
-        """The projection for pattern size ``dim`` (drawn on first use)."""
-        if self.projection is None:
-            self.reset_parameters(dim)
-        assert self.projection is not None
-        if self.projection.shape[1] != dim:
+        """The projection for pattern size ``dim`` (drawn on first use, once: of several
+        threads' first calls, one draws and all use its draw, the seed's first)."""
+        projection = self.projection
+        if projection is None:
+            with _FIRST_DRAW:
+                if self.projection is None:
+                    self.reset_parameters(dim)
+            projection = self.projection
+            assert projection is not None
+        if projection.shape[1] != dim:
             raise ValueError(
                 f"q and k have pattern size {dim}, but the random projection was drawn for "
-                f"{self.projection.shape[1]}; call reset_parameters({dim}) to redraw it"
+                f"{projection.shape[1]}; call reset_parameters({dim}) to redraw it"
             )
-        return self.projection
+        return projection
 
     def _count_call(self, dim: int) -> None:
         """Redraw every ``redraw`` training-mode calls; a forward recomputed in the backward pass

@@ -56,6 +56,16 @@ def _weight_and_bias(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return layer.weight, layer.bias
 
 
+def _stacked(
+    weights_and_biases: list[tuple[Tensor, Tensor | None]],
+) -> tuple[Tensor, Tensor | None]:
+    """The weights ``(out_i, in)`` of several linear maps stacked into one ``(Σ out_i, in)``,
+    and their biases into one (``None`` when they have none)."""
+    weight = torch.cat([w for w, _ in weights_and_biases])
+    biases = [b for _, b in weights_and_biases]
+    return weight, None if biases[0] is None else torch.cat(cast(list[Tensor], biases))
+
+
 def _mha_masks_to_allowed(
     key_padding_mask: Tensor | None,
     attn_mask: Tensor | None,
@@ -442,16 +452,18 @@ class Hopfield(nn.Module):
         ) or capturing_graph():  # no data pointers in a graph
             q_proj, k_proj, v_proj = layers
             return self._split_heads(q_proj(x), k_proj(x), v_proj(x))
-        key = [(t.data_ptr(), t._version) for t in tensors]
-        cached = self.__dict__.get("_packed_cache")
-        if cached is None or cached[0] != key:
-            with kept_across_calls():  # ordinary tensors, also built under inference mode
-                weight = torch.cat([w for w, _ in weights_and_biases])
-                biases = [b for _, b in weights_and_biases]
-                bias = None if biases[0] is None else torch.cat(cast(list[Tensor], biases))
-            cached = (key, weight, bias, [t.detach() for t in tensors])
-            self.__dict__["_packed_cache"] = cached
-        packed = F.linear(x, cached[1], cached[2])
+        if any(t.is_inference() for t in tensors):  # made under inference mode: no version
+            # counter to see an in-place update by, so nothing is kept
+            packed = F.linear(x, *_stacked(weights_and_biases))
+        else:
+            key = [(t.data_ptr(), t._version) for t in tensors]
+            cached = self.__dict__.get("_packed_cache")
+            if cached is None or cached[0] != key:
+                with kept_across_calls():  # ordinary tensors, also built under inference mode
+                    weight, bias = _stacked(weights_and_biases)
+                cached = (key, weight, bias, [t.detach() for t in tensors])
+                self.__dict__["_packed_cache"] = cached
+            packed = F.linear(x, cached[1], cached[2])
         batch, length, heads = x.shape[0], x.shape[1], self.num_heads
         if self.hidden_size == self.pattern_size:  # (B, N, 3, H, E) -> three (B, H, N, E) views
             heads_first = packed.view(batch, length, 3, heads, self.hidden_size).permute(
@@ -471,7 +483,8 @@ class Hopfield(nn.Module):
         if (
             scale.requires_grad
             or scale.is_meta  # priced without data (hopfield.plan)
-            or capturing_graph()
+            or capturing_graph()  # before is_inference(), which dynamo cannot trace
+            or scale.is_inference()  # made under inference mode: no version counter
         ):
             return scale
         key = (scale.data_ptr(), scale._version)
