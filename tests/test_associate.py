@@ -15,6 +15,7 @@ from hopfield.functional import (
     RandomFeatures,
     RandomMask,
     Separation,
+    Sink,
     Softmax,
     SoftmaxN,
     Sparsemax,
@@ -388,3 +389,57 @@ def test_a_structure_first_called_under_inference_mode_gives_gradients_later(
         results.append((out.detach(), *torch.autograd.grad(out.sum(), leaves)))
     for kept, fresh in zip(*results, strict=True):
         torch.testing.assert_close(kept, fresh, rtol=0, atol=0)
+
+
+def _feature_major(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x (..., N, E)`` stored another way, with the same values: ``"transposed"`` as an
+    ``(..., E, N)`` tensor transposed (feature-major: the last dimension has stride ``N``),
+    ``"strided"`` every other column of one twice as wide (stride 2)."""
+    if layout == "transposed":
+        return x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+@pytest.mark.parametrize("role", ["q", "k", "v"])
+@pytest.mark.parametrize("kind", ["none", "key_padding", "causal"])
+@pytest.mark.parametrize(
+    "make",
+    [Softmax, lambda: SoftmaxN(1), lambda: Sink(0.5, learnable=True, heads=H, value=E)],
+    ids=["softmax", "softmax1", "learnable-sink"],
+)
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split-keys"])
+def test_inputs_stored_feature_major_give_the_answers_of_contiguous_ones(
+    request: pytest.FixtureRequest,
+    make,
+    split: bool,
+    kind: str,
+    role: str,
+    layout: str,  # type: ignore[no-untyped-def]
+) -> None:
+    """q, k or v whose last dimension is not stored with stride 1 (keys kept feature-major, a
+    slice of every other column) give the values and gradients of the same inputs stored
+    contiguously; the CPU flash kernels, called directly, read such rows wrongly (before 29
+    Nov: outputs off by 1.6 and wrong gradients, silently)."""
+    if split:
+        request.getfixturevalue("split_keys")
+    mask, _, causal = mask_kinds()[kind]
+    torch.manual_seed(0)
+    separation = make()
+    contiguous = [t.requires_grad_(True) for t in patterns(value_size=E)]
+    stored = {"q": 0, "k": 1, "v": 2}[role]
+    inputs = list(contiguous)
+    inputs[stored] = _feature_major(contiguous[stored].detach(), layout).requires_grad_(True)
+    assert inputs[stored].stride(-1) != 1
+    outs = [
+        associate(*args, separation=separation, mask=mask, causal=causal)
+        for args in (inputs, contiguous)
+    ]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn_like(outs[0])
+    got = torch.autograd.grad(outs[0], inputs, cotangent)
+    want = torch.autograd.grad(outs[1], contiguous, cotangent)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -710,3 +710,28 @@ def test_flash_bisoftmax_with_split_keys_matches_explicit(monkeypatch, symmetric
             torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_flash_bisoftmax_of_projections_stored_feature_major(symmetric: bool) -> None:
+    """Projections whose last dimension is not stored with stride 1 (an ``(..., p, N)`` tensor
+    transposed) give the explicit bi-softmax's values and gradients on the flash path, whose
+    kernels, called directly, read such rows wrongly (before 29 Nov: silently wrong)."""
+    zq, zk, zv = _roles(FUSED_MIN_TOKENS + 3, p=8, e=8, symmetric=symmetric)
+
+    def feature_major(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().transpose(-2, -1).contiguous().transpose(-2, -1).requires_grad_(True)
+
+    stored = [feature_major(t) for t in ((zq, zv) if symmetric else (zq, zk, zv))]
+    roles = (stored[0], stored[0], stored[1]) if symmetric else tuple(stored)
+    assert hyperset_energy._flash_applies(*roles) and roles[0].stride(-1) != 1
+    fast = attention_operator(*roles, symmetric=symmetric, fused=True)
+    slow = attention_operator(*roles, symmetric=symmetric, fused=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn_like(fast)
+    for a, b in zip(
+        torch.autograd.grad(fast, stored, cotangent),
+        torch.autograd.grad(slow, stored, cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -392,6 +392,19 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 CPU_FLASH_AVAILABLE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
+def unit_stride(x: Tensor) -> Tensor:
+    """``x`` with its last dimension stored with stride 1 (copied only if it is not).
+
+    The CPU flash kernels (``_scaled_dot_product_flash_attention_for_cpu`` and its backward),
+    called directly, read every row of ``q``, ``k``, ``v`` (and, backward, ``out``) as if its
+    last dimension had stride 1, whatever its stride says: keys stored feature-major (a
+    ``(B, H, E, S)`` tensor transposed) gave silently wrong outputs and gradients. (PyTorch's
+    ``scaled_dot_product_attention`` checks strides before it chooses the kernel.) Other
+    strides, broadcast (stride 0) ones included, and masks of any strides are read correctly.
+    """
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
 def _flash_applies(q: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> bool:
     """Whether the CPU flash kernel (with its log-sum-exp) can serve this association."""
     return (
@@ -448,7 +461,14 @@ class _FlashSink(torch.autograd.Function):
         q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
         grad = grad.contiguous()
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
+            grad,
+            *map(unit_stride, (q, k, v)),
+            out,
+            lse,
+            0.0,
+            ctx.is_causal,
+            attn_mask=mask,
+            scale=ctx.scale,
         )
         grad_sink = grad_value = None
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
@@ -618,6 +638,7 @@ def flash_attention(
     """
     if _by_products(q, k, mask, is_causal):
         return _attention_by_products(q, k, v, scale)
+    q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     parts = _key_parts(q, k, mask, is_causal)
     if parts < 2:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hopfield.functional.structures import CPU_FLASH_AVAILABLE, flash_attention
+from hopfield.functional.structures import CPU_FLASH_AVAILABLE, flash_attention, unit_stride
 
 AttentionKind = Literal["bisoftmax", "sigmoid", "linear"]
 FeedforwardKind = Literal["relu", "gelu", "softmax", "gated"]
@@ -343,7 +343,7 @@ def _flash_backward(
     output gradient ``grad``. The kernel reads ``out`` only through ``D_i = grad_i · out_i``
     (``dS_ij = P_ij (grad_i · v_j - D_i)``), which :func:`_fold_lse_gradient` uses."""
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, q, k, v, out, lse, 0.0, False, scale=beta
+        *map(unit_stride, (grad, q, k, v, out)), lse, 0.0, False, scale=beta
     )
     return dq, dk, dv
 
@@ -423,8 +423,6 @@ class _FlashBisoftmax(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, rows, lam, mu, scaled, lam_out, down, up = ctx.saved_tensors
         beta = ctx.beta
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
         no_normaliser = v.new_zeros(v.shape[-1]).expand(*q.shape[:-1], v.shape[-1])
         dq, dk, dv = _flash_backward(grad * up, q, k, scaled, no_normaliser, lam_out, beta)
         dv.mul_(down)
