@@ -268,6 +268,28 @@ def test_random_features_redraw_seed_and_state_dict() -> None:
         redrawing(*patterns(e=6), **kw)
 
 
+def test_a_projection_not_drawn_yet_follows_the_module_to_its_device_and_dtype() -> None:
+    """A module moved or materialised before its first call (``to_empty`` after a meta build,
+    ``.to()``, ``.double()``; on a GPU ``.cuda()``) draws its projection where its buffers now
+    live, the seed's projection; before 29 Nov it drew on the device it was built on (a meta
+    module's projection stayed on meta: "Tensor on device meta is not on the expected device
+    cpu"). A state dict is loaded in the module's dtype, as into any buffer."""
+    q, k, v = patterns(length=5, size=5)
+    kw = {"separation": Softmax(), "scale": 0.5, "mask": None, **NO}
+    reference = RandomFeatures(8, seed=4, dtype=D)
+    expected = reference(q, k, v, **kw)[0]
+    built_on_meta = RandomFeatures(8, seed=4, device="meta", dtype=D).to_empty(device="cpu")
+    widened = RandomFeatures(8, seed=4).double()  # float32 at construction
+    for module in (built_on_meta, widened):
+        torch.testing.assert_close(module(q, k, v, **kw)[0], expected, rtol=0, atol=0)
+        assert module.projection is not None and module.projection.dtype == D
+        assert module.projection.device.type == "cpu"
+    narrow = RandomFeatures(8)  # float32, no projection yet
+    narrow.load_state_dict(reference.state_dict())
+    assert narrow.projection is not None and narrow.projection.dtype == torch.float32
+    torch.testing.assert_close(narrow.projection, reference.projection.float())
+
+
 @pytest.mark.parametrize("structure", [Linear(), RandomFeatures(8, seed=0, dtype=D)])
 def test_kernel_gradcheck(structure) -> None:
     q, k, v = patterns(b=1, h=1, length=5, size=6, e=3, ev=2)

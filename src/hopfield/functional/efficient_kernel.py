@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -313,6 +313,9 @@ class RandomFeatures(_KernelStructure):
     The projection ``Ω (m, E)`` is drawn on first use (``m = num_features``, default
     ``max(1, int(E · ln E))``), orthogonal by default, kept as a buffer (saved in the state dict) and
     redrawn every ``redraw`` training-mode calls (never when ``None``) or by :meth:`reset_parameters`.
+    It is drawn from the seed on the CPU, then placed on the device and dtype of the module's
+    buffers at that moment: ``.to()``, ``.cuda()``, ``.double()`` and ``to_empty()`` before the
+    first call carry the place of a projection not drawn yet.
 
     Cost: a non-causal call makes about ``4·N·m·E`` multiply-adds (two projections onto ``Ω``,
     ``φ(K)ᵀV`` and ``φ(Q)(φ(K)ᵀV)``) against exact attention's ``2·N²·E``, a ratio of ``2m/N``:
@@ -409,32 +412,43 @@ class RandomFeatures(_KernelStructure):
             self.projection = drawn.to(device=device, dtype=dtype)
         self._since_redraw = 0
 
-    def _projection_for(self, dim: int) -> Tensor:
-        """The projection for pattern size ``dim`` (drawn on first use, once: of several
+    def _apply(self, fn: Any, recurse: bool = True) -> RandomFeatures:
+        """``nn.Module._apply`` (behind ``.to()``, ``.cuda()``, ``.double()``, ``to_empty()``),
+        which also carries the device and dtype of a projection not drawn yet: a module moved
+        or materialised before its first call draws it where its buffers now live (before 29
+        Nov: on the device it was built on, e.g. a meta module's projection on meta after
+        ``to_empty()``)."""
+        factory = self._factory
+        moved = fn(torch.empty(0, device=factory["device"], dtype=factory["dtype"]))
+        self._factory = {"device": moved.device, "dtype": moved.dtype}
+        return cast(RandomFeatures, super()._apply(fn, recurse))
+
+    def _projection_for(self, x: Tensor) -> Tensor:
+        """The projection for patterns ``x (..., E)`` (drawn on first use, once: of several
         threads' first calls, one draws and all use its draw, the seed's first)."""
         projection = self.projection
         if projection is None:
             with _FIRST_DRAW:
                 if self.projection is None:
-                    self.reset_parameters(dim)
+                    self.reset_parameters(x.shape[-1])
             projection = self.projection
             assert projection is not None
-        if projection.shape[1] != dim:
+        if projection.shape[1] != x.shape[-1]:
             raise ValueError(
-                f"q and k have pattern size {dim}, but the random projection was drawn for "
-                f"{projection.shape[1]}; call reset_parameters({dim}) to redraw it"
+                f"q and k have pattern size {x.shape[-1]}, but the random projection was drawn "
+                f"for {projection.shape[1]}; call reset_parameters({x.shape[-1]}) to redraw it"
             )
         return projection
 
-    def _count_call(self, dim: int) -> None:
+    def _count_call(self, x: Tensor) -> None:
         """Redraw every ``redraw`` training-mode calls; a forward recomputed in the backward pass
         (activation checkpointing) is the call it recomputes, on the projection that call used,
-        and is not counted again."""
-        self._projection_for(dim)
+        and is not counted again. ``x``: the queries ``(..., E)``."""
+        self._projection_for(x)
         if not self.training or self.redraw is None or recomputing_in_backward():
             return
         if self._since_redraw >= self.redraw:
-            self.reset_parameters(dim)
+            self.reset_parameters(x.shape[-1])
         self._since_redraw += 1
 
     def _load_from_state_dict(
@@ -449,8 +463,11 @@ class RandomFeatures(_KernelStructure):
     ) -> None:
         saved = state_dict.get(prefix + "projection")
         if saved is not None and (self.projection is None or self.projection.shape != saved.shape):
+            # where this module's buffers live, as load_state_dict copies into a buffer it has
+            old = self.projection
+            where = self._factory if old is None else {"device": old.device, "dtype": old.dtype}
             with kept_across_calls():
-                self.projection = torch.empty_like(saved)
+                self.projection = torch.empty(saved.shape, **where)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -506,7 +523,7 @@ class RandomFeatures(_KernelStructure):
         padding features ``(m', E)`` when ``widen``, with ``√β`` folded in when ``β`` is one
         number (the ``(m', E)`` projection scaled instead of the ``(N, E)`` patterns; unscaled for
         a tensor ``β``)."""
-        projection = self._projection_for(x.shape[-1]).to(x.dtype)
+        projection = self._projection_for(x).to(x.dtype)
         extra = _padding_count(projection.shape[0]) if widen else 0
         widened = F.pad(projection, (0, 0, 0, extra)) if extra else projection
         root = self._root_scale(scale)
@@ -596,7 +613,7 @@ class RandomFeatures(_KernelStructure):
     def _features(
         self, q: Tensor, k: Tensor, scale: Scale, key_weights: Tensor | None
     ) -> tuple[Tensor, Tensor]:
-        self._count_call(q.shape[-1])
+        self._count_call(q)
         widen = max(q.shape[-2], k.shape[-2]) >= PADDED_FROM_PATTERNS
         projected, root = self._scaled_projection(q, scale, widen)  # once for both
         phi_k = self._feature_map(k, projected, root, False, True, key_weights)
