@@ -177,6 +177,34 @@ def test_softmax_variant_equals_default_attention(family: str) -> None:
         torch.testing.assert_close(logits(model, batch), ours, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("family", ["bert", "opt", "vit"])
+def test_output_attentions_gives_the_weights_in_every_family(family: str) -> None:
+    """``output_attentions=True`` on the model returns one weight tensor per layer for the
+    fused variants too (``softmax``, ``softmax1``, gated): equal to ``eager``'s for ``softmax``
+    on the rows of real tokens, below 1 in sum for Softmax_1, and the logits of the call
+    without them. OPT's attention module takes ``output_attentions`` by name and does not pass
+    it on: before 29 Nov its fused variants returned no weights (an empty tuple), silently."""
+    batch = inputs(family)
+    rows = batch.get("attention_mask", torch.ones(3, 17)).bool()  # (B, L): real tokens
+    with torch.no_grad():
+        for variant in ("softmax", "softmax1", "gated_softmax1"):
+            model = tiny(family, variant).double()
+            out = model(**batch, output_attentions=True)
+            assert len(out.attentions) == 2, variant
+            torch.testing.assert_close(out.logits, model(**batch).logits, rtol=1e-12, atol=1e-12)
+            if variant == "softmax":
+                model.set_attn_implementation("eager")
+                eager = model(**batch, output_attentions=True).attentions
+                for ours, theirs in zip(out.attentions, eager, strict=True):
+                    torch.testing.assert_close(
+                        ours.transpose(1, 2)[rows], theirs.transpose(1, 2)[rows]
+                    )
+            else:
+                for ours in out.attentions:
+                    assert ours.shape[:2] == (3, 4)
+                    assert bool((ours.sum(-1).transpose(1, 2)[rows] < 1).all())
+
+
 def test_padding_is_ignored_like_a_shorter_sequence() -> None:
     for family in ("bert", "opt"):
         model = tiny(family, "clipped_softmax1").double()

@@ -308,6 +308,32 @@ def _repeat_kv(query: Tensor, states: Tensor) -> Tensor:
     return expanded.reshape(batch, heads, length, width)
 
 
+def _weights_asked(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether this forward pass asks for the attention weights: ``output_attentions`` passed
+    on to the attention function, else the outputs ``transformers`` records in this forward (its
+    output-capturing context, which holds ``"attentions"`` when ``output_attentions=True`` was
+    given to the model: attention modules such as OPT's take that argument by name and do not
+    pass it on), else ``module.config.output_attentions``."""
+    asked = kwargs.get("output_attentions")
+    if asked is not None:
+        return bool(asked)
+    recorded = _recorded_outputs()
+    if recorded is not None and "attentions" in recorded:
+        return True
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False))
+
+
+def _recorded_outputs() -> dict[str, Any] | None:
+    """The outputs the running ``transformers`` forward records (``None``: none, or a
+    ``transformers`` without output capturing)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return None
+    recorded = _active_collector.get()
+    return recorded if isinstance(recorded, dict) else None
+
+
 def attention_forward(
     variant: str,
     module: nn.Module,
@@ -333,8 +359,9 @@ def attention_forward(
         dropout: attention dropout probability (the model passes 0 in eval mode).
         scaling: the logit scale (``None`` = ``1/sqrt(E)``).
         is_causal: overrides ``module.is_causal`` (used only when no mask is given).
-        **kwargs: from the model; ``output_attentions`` (or ``module.config.output_attentions``)
-            asks for the weights; ``s_aux`` (gpt-oss's learned sink logits ``(H,)``) replaces
+        **kwargs: from the model; ``output_attentions`` (or, where the attention module does
+            not pass it on, the outputs ``transformers`` records in this forward, or
+            ``module.config.output_attentions``) asks for the weights; ``s_aux`` (gpt-oss's learned sink logits ``(H,)``) replaces
             the sink variants' fixed sink logit 0 (a :class:`~hopfield.functional.Sink` with
             those logits, on the same fused paths; a variant without a sink refuses it);
             ``softcap`` is refused.
@@ -364,9 +391,6 @@ def attention_forward(
             module, probes, separation, query, key, value, attention_mask, causal, scale, dropout
         )
     else:
-        asked = kwargs.get("output_attentions")
-        if asked is None:
-            asked = getattr(getattr(module, "config", None), "output_attentions", False)
         result = associate(
             query,
             key,
@@ -377,7 +401,7 @@ def attention_forward(
             causal=causal,
             dropout=dropout,
             training=True,
-            return_weights=spec.clipped or bool(asked),
+            return_weights=spec.clipped or _weights_asked(module, kwargs),
         )
         out, weights = result if isinstance(result, tuple) else (result, None)
     if spec.gated:
