@@ -385,3 +385,104 @@ def test_rms_norm_takes_the_native_kernels_only_where_available(
     assert x.grad is not None and x64.grad is not None
     _close(out.detach(), expected.detach(), dtype)
     _close(x.grad, x64.grad, dtype)
+
+
+def _moved_models() -> dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]]:
+    """name -> (builder of a float32 CPU model, input shape): the papers' models, and a layer
+    whose random-feature projection is not drawn until its first call."""
+    import hopfield.models as models
+    from hopfield.nn import HopfieldPooling
+    from hopfield.nn.hyperset import HyperSETEncoder
+
+    return {
+        "random-features-moved-before-first-call": (
+            lambda: Hopfield(16, 2, structure=RandomFeatures(8, seed=0), batch_first=True),
+            (2, 12, 16),
+        ),
+        "pooling": (lambda: HopfieldPooling(16, num_heads=2, batch_first=True), (2, 12, 16)),
+        "hyper-set": (lambda: HyperSETEncoder(32, 4, iterations=3), (2, 10, 32)),
+        "energy-transformer": (
+            lambda: models.EnergyTransformerEncoder(32, 4, iterations=2),
+            (2, 10, 32),
+        ),
+        "stanhop": (
+            lambda: models.STanHopNet(3, 24, 8, 6, d_model=32, d_ff=32, num_heads=4, e_layers=2),
+            (2, 24, 3),
+        ),
+        "mil": (lambda: models.MILNet(10, embedding_size=32), (2, 7, 10)),
+        "vision": (
+            lambda: models.VisionHopfield(
+                16,
+                3,
+                5,
+                patch_size=4,
+                embed_dim=32,
+                num_heads=4,
+                mlp_dim=32,
+                depth=2,
+                separation=SoftmaxN(1),
+            ),
+            (2, 3, 16, 16),
+        ),
+        "forecaster": (lambda: models.HopfieldForecaster(8, 2, d_model=32), (2, 24, 2)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_moved_models()))
+def test_models_moved_to_the_device_match_the_cpu(device: torch.device, name: str) -> None:
+    """A model built on the CPU and moved with ``.to(device)`` gives the CPU model's output and
+    gradients (float32): nothing it makes on its own (a projection drawn on first use, masks,
+    positions, step sizes) stays behind on the CPU."""
+    build, shape = _moved_models()[name]
+    torch.manual_seed(0)
+    cpu = build().eval()
+    moved = copy.deepcopy(cpu).to(device)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+    x_device = x.detach().to(device).requires_grad_(True)
+    out, grads = _backward(cpu, x)
+    out_device, grads_device = _backward(moved, x_device)
+    assert out_device.device.type == device.type
+    _close(out_device, out.double(), torch.float32)
+    assert grads.keys() == grads_device.keys()
+    largest = max(float(g.abs().max()) for g in grads.values())
+    for key, grad in grads_device.items():
+        _close(grad, grads[key].double(), torch.float32, scale=max(largest, 1.0))
+
+
+@pytest.mark.parametrize("separation_name", ["softmax", "softmax1", "sparsemax"])
+def test_retrieve_on_the_device_matches_float64(device: torch.device, separation_name: str) -> None:
+    from hopfield.memory import retrieve
+
+    g = torch.Generator().manual_seed(3)
+    memories = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    queries = memories[:6] + 0.3 * torch.randn(6, 16, generator=g, dtype=torch.float64)
+    separation = SEPARATIONS[separation_name]()
+    kwargs: dict[str, Any] = {"beta": 0.5, "steps": 3, "track_energy": True}
+    expected = retrieve(queries, memories, separation, **kwargs)
+    result = retrieve(queries.float().to(device), memories.float().to(device), separation, **kwargs)
+    _close(result.patterns, expected.patterns, torch.float32)
+    assert result.energy is not None and expected.energy is not None
+    _close(result.energy, expected.energy, torch.float32)
+    assert torch.equal(result.steps.cpu(), expected.steps)
+
+
+def test_svr_memories_fit_and_retrieve_on_the_device(device: torch.device) -> None:
+    """The SVR memory's dual is solved on the CPU (numpy) whatever the device of the memories;
+    its coefficients, support and retrievals live on that device and equal the CPU's."""
+    from hopfield.functional.svr import ExponentialKernel, fit_svr, nonparametric_dense
+
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    targets = keys + 0.1 * torch.randn(12, 6, generator=g, dtype=torch.float64)
+    mask = torch.arange(12) % 3 != 0
+    x = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    kernel = ExponentialKernel(0.5)
+    for fit in (
+        lambda k, t, m: fit_svr(k, t, kernel, epsilon=0.01, C=2.0, mask=m),
+        lambda k, t, m: nonparametric_dense(k, t, 0.5, m),
+    ):
+        expected = fit(keys, targets, mask)
+        memory = fit(keys.to(device), targets.to(device), mask)
+        assert memory.coef.device.type == memory.support.device.type == device.type
+        torch.testing.assert_close(memory.coef.cpu(), expected.coef, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(memory(x.to(device)).cpu(), expected(x), rtol=1e-9, atol=1e-9)

@@ -100,7 +100,7 @@ class NormalizedKernel:
             raise TypeError(f"kernel must be callable, got {type(kernel).__name__}")
         self.kernel = kernel
         self.anchors = _check_rows("anchors", anchors)
-        self.mask = _check_support("mask", mask, anchors.shape[0])
+        self.mask = _check_support("mask", mask, anchors.shape[0], anchors.device)
 
     def h(self, x: Tensor) -> Tensor:
         """``h(x) = Σ_{ν∈𝓜} K(a_ν, x)``: ``(N, d) -> (N,)``."""
@@ -289,7 +289,7 @@ def fit_svr(
     epsilon = check_real("epsilon", epsilon, low=0.0)
     C = check_real("C", C, low=0.0, low_open=True)
     tube = _check_retrieval_error(retrieval_error, epsilon, targets.shape[-1])
-    support = _check_support("mask", mask, keys.shape[0])
+    support = _check_support("mask", mask, keys.shape[0], keys.device)
     tol = check_real("tol", tol, low=0.0)
     max_sweeps = check_int("max_sweeps", max_sweeps)
     polish = check_bool("polish", polish)
@@ -301,16 +301,16 @@ def fit_svr(
             "kernel: the Gram matrix K(keys, keys) has NaN or inf entries (an exponential "
             "kernel overflows for a large β·⟨key, key⟩)"
         )
-    problem = _Dual(
-        gram.detach().double().numpy(),
-        targets[support].detach().double().numpy(),
+    problem = _Dual(  # solved on the CPU (numpy), whatever the device of the memories
+        gram.detach().double().cpu().numpy(),
+        targets[support].detach().double().cpu().numpy(),
         epsilon,
         C,
         tube,
     )
     b, sweeps = problem.solve(tol, max_sweeps, polish)
-    coef = torch.zeros(targets.shape, dtype=keys.dtype)
-    coef[support] = torch.from_numpy(b).to(keys.dtype)
+    coef = torch.zeros(targets.shape, dtype=keys.dtype, device=keys.device)
+    coef[support] = torch.from_numpy(b).to(keys.device, keys.dtype)
     return SVRMemory(
         keys, targets, coef, kernel, support, epsilon, C, retrieval_error,
         problem.kkt_violation(b), sweeps,
@@ -500,10 +500,11 @@ def _check_rows(name: str, value: Tensor) -> Tensor:
     return value
 
 
-def _check_support(name: str, mask: Tensor | None, size: int) -> Tensor:
-    """The support as a boolean ``(size,)`` tensor (all ``True`` for ``None``); never empty."""
+def _check_support(name: str, mask: Tensor | None, size: int, device: torch.device) -> Tensor:
+    """The support as a boolean ``(size,)`` tensor on ``device`` (the memories'; all ``True``
+    for ``None``); never empty."""
     if mask is None:
-        return torch.ones(size, dtype=torch.bool)
+        return torch.ones(size, dtype=torch.bool, device=device)
     check_tensor(name, mask)
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a boolean Tensor, got {mask.dtype}")
@@ -513,4 +514,4 @@ def _check_support(name: str, mask: Tensor | None, size: int) -> Tensor:
         )
     if not bool(mask.any()):
         raise ValueError(f"{name} must keep at least one memory (the support 𝓜 is empty)")
-    return mask
+    return mask.to(device)
