@@ -4,6 +4,7 @@ gradients of ordinary autograd, per sample under ``vmap`` as one by one."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -128,3 +129,67 @@ def test_the_flash_path_is_twice_differentiable(name: str, causal: bool, masked:
 
     inputs = (*(t.requires_grad_() for t in (q, k, v)), *params)
     assert torch.autograd.gradgradcheck(attend, inputs)
+
+
+@pytest.mark.parametrize("name", list(SEPARATIONS))
+def test_keys_that_are_the_values_are_twice_differentiable(name: str) -> None:
+    """One tensor as keys and values (``associate(q, k, k)``, the layer's retrieval steps):
+    the differentiable backward counts each role once. Before 29 Nov it differentiated the
+    recomputed attention with respect to the tensor in each position, so ``create_graph=True``
+    (and every ``torch.func.grad``) gave the key position the keys' and the values' gradient
+    and the value position both again: off by the whole value gradient."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 2, 4, 4, dtype=D, generator=gen).requires_grad_() for _ in range(2))
+    module = _Attend(SEPARATIONS[name](), None, False)
+
+    def attend(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return module(q, k, k)
+
+    cotangent = torch.randn(2, 2, 4, 4, dtype=D, generator=gen)
+    first = torch.autograd.grad(attend(q, k), (q, k), cotangent)
+    graphed = torch.autograd.grad(attend(q, k), (q, k), cotangent, create_graph=True)
+    for once, twice in zip(first, graphed, strict=True):
+        torch.testing.assert_close(twice, once, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradgradcheck(attend, (q, k))
+
+
+def test_func_grad_of_an_iterated_layer_equals_autograd() -> None:
+    """A layer with three retrieval steps (its later steps associate the queries with the keys
+    as values): ``torch.func.grad`` gives autograd's gradients (before 29 Nov the key
+    projection's were off by several times their size)."""
+    torch.manual_seed(0)
+    layer = Hopfield(8, 2, update_steps=3, dtype=D)
+    x = torch.randn(3, 5, 8, dtype=D)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    grads = grad(lambda p: functional_call(layer, p, (x,)).square().sum())(params)
+    out = layer(x)
+    assert isinstance(out, torch.Tensor)
+    reference = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+    for (n, _), expected in zip(layer.named_parameters(), reference, strict=True):
+        torch.testing.assert_close(grads[n], expected, rtol=1e-10, atol=1e-12, msg=n)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("name", list(SEPARATIONS))
+def test_an_ensemble_under_vmap_equals_each_model(name: str, steps: int) -> None:
+    """Model ensembling (``torch.func.stack_module_state`` and ``vmap`` over the stacked
+    parameters): each member's output. Before 29 Nov the layer read the data pointers of its
+    weights and scale to key its caches, which ``vmap``'s batched tensors do not have."""
+    from torch.func import stack_module_state
+
+    torch.manual_seed(0)
+    members = [
+        Hopfield(8, 2, separation=SEPARATIONS[name](), update_steps=steps, dtype=D).eval()
+        for _ in range(3)
+    ]
+    params, buffers = stack_module_state(members)
+    base = copy.deepcopy(members[0]).to("meta")
+    x = torch.randn(2, 5, 8, dtype=D)
+
+    def member(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return functional_call(base, (p, b), (x,))
+
+    with torch.no_grad():
+        together = vmap(member)(params, buffers)
+        each = torch.stack([m(x) for m in members])
+    torch.testing.assert_close(together, each, rtol=1e-10, atol=1e-12)

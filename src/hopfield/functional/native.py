@@ -175,6 +175,16 @@ def capturing_graph() -> bool:
     )
 
 
+def transforming() -> bool:
+    """Whether a :mod:`torch.func` transform (``vmap``, ``grad``, ``jacrev``, ...) is running:
+    its tensors are wrappers without storage (no data pointers: no caches keyed by them, no
+    native kernels) and, under ``vmap``, without one value to branch on in Python. The paths
+    that read either step aside then, as while a graph is captured (:func:`capturing_graph`);
+    the CPU flash kernel's autograd function stays (it has a vmap rule and, for the double
+    backward every transform takes, a differentiable backward)."""
+    return torch._C._functorch.maybe_current_level() is not None
+
+
 def _cache_root() -> Path:
     root = os.environ.get("HOPFIELD_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "hopfield"
@@ -404,7 +414,13 @@ def _warn(reason: str) -> None:
 def usable_on(device: torch.device) -> bool:
     """Whether the native kernels can run on ``device``: enabled, the CPU, and built (for the
     kernels on index tensors only, e.g. :func:`floyd_sample`)."""
-    return enabled() and device.type == "cpu" and not capturing_graph() and _library() is not None
+    return (
+        enabled()
+        and device.type == "cpu"
+        and not capturing_graph()
+        and not transforming()
+        and _library() is not None
+    )
 
 
 def available(*tensors: Tensor) -> bool:
@@ -419,7 +435,13 @@ def available(*tensors: Tensor) -> bool:
                 dtype = t.dtype
             elif t.dtype != dtype:
                 return False
-    return dtype in _DTYPES and enabled() and not capturing_graph() and _library() is not None
+    return (
+        dtype in _DTYPES
+        and enabled()
+        and not capturing_graph()
+        and not transforming()
+        and _library() is not None
+    )
 
 
 def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:

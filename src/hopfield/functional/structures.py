@@ -489,14 +489,26 @@ def _differentiable_sink_grads(ctx: Any, grad: Tensor) -> tuple[Tensor | None, .
     backward, gradient penalties, Hessian-vector products, :mod:`torch.func` transforms), from
     the attention written out (:func:`_explicit_sink_attention`): the flash kernel's backward
     has no derivative of its own."""
-    saved = ctx.saved_tensors
-    q, k, v, _, lse, _, sink, value_sink = saved
+    q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
     inputs = (q, k, v, sink, value_sink)
     wanted = [i for i in range(len(inputs)) if ctx.needs_input_grad[i]]
     with torch.enable_grad():
-        out = _explicit_sink_attention(saved, ctx.is_causal, ctx.scale, lse.dtype)
+        # One view per role, differentiated for that role alone: one tensor may fill several
+        # (keys that are the values, associate(q, k, k)), and the gradient of the tensor itself
+        # would count every role in each position (before 29 Nov: twice the key gradient).
+        roles = [None if t is None else t.view_as(t) for t in inputs]
+        recomputed = _explicit_sink_attention(
+            (roles[0], roles[1], roles[2], out, lse, mask, roles[3], roles[4]),
+            ctx.is_causal,
+            ctx.scale,
+            lse.dtype,
+        )
     found = torch.autograd.grad(
-        out, [inputs[i] for i in wanted], grad.to(out.dtype), create_graph=True, allow_unused=True
+        recomputed,
+        cast(list[Tensor], [roles[i] for i in wanted]),  # those needing a gradient exist
+        grad.to(recomputed.dtype),
+        create_graph=True,
+        allow_unused=True,
     )
     grads: list[Tensor | None] = [None] * len(inputs)
     for i, value in zip(wanted, found, strict=True):
