@@ -1,6 +1,7 @@
-"""The softmax family on the dense structure under :mod:`torch.func` (``grad``, ``vmap``):
-the default path of every layer (the CPU flash kernel with its sink, ``_FlashSink``) gives the
-gradients of ordinary autograd, per sample under ``vmap`` as one by one."""
+"""The dense structure under :mod:`torch.func` (``grad``, ``vmap``): the softmax family's
+default path (the CPU flash kernel with its sink, ``_FlashSink``) and the sparse separations
+(``_Entmax``) give the gradients of ordinary autograd, per sample under ``vmap`` as one by one,
+and ensembles of layers under ``vmap`` each member's output."""
 
 from __future__ import annotations
 
@@ -11,7 +12,18 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
-from hopfield.functional import Separation, Sink, Softmax, SoftmaxN, associate
+from hopfield.functional import (
+    Entmax,
+    RandomFeatures,
+    Separation,
+    Sink,
+    Softmax,
+    SoftmaxN,
+    Sparsemax,
+    TopK,
+    associate,
+    entmax,
+)
 from hopfield.nn import Hopfield
 
 D = torch.float64
@@ -22,16 +34,25 @@ SEPARATIONS: dict[str, Callable[[], Separation]] = {
     "learnable-sink-with-value": lambda: Sink(0.5, learnable=True, heads=2, value=4, dtype=D),
 }
 
+#: The sparse separations (one autograd function, ``_Entmax``, written for torch.func).
+SPARSE: dict[str, Callable[[], Separation]] = {
+    "sparsemax": Sparsemax,
+    "entmax-1.5": lambda: Entmax(1.5),
+    "entmax-1.3": lambda: Entmax(1.3),
+    "learnable-entmax-per-head": lambda: Entmax(1.4, learnable=True, num_heads=2, dtype=D),
+}
+EVERY = {**SEPARATIONS, **SPARSE}
+
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
 
 def _layer(name: str) -> Hopfield:
     torch.manual_seed(0)
-    return Hopfield(8, 2, separation=SEPARATIONS[name](), dtype=D)
+    return Hopfield(8, 2, separation=EVERY[name](), dtype=D)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", list(SEPARATIONS))
+@pytest.mark.parametrize("name", list(EVERY))
 def test_func_grad_of_a_layer_equals_autograd(name: str, causal: bool) -> None:
     layer = _layer(name)
     x = torch.randn(3, 5, 8, dtype=D)
@@ -51,7 +72,7 @@ def test_func_grad_of_a_layer_equals_autograd(name: str, causal: bool) -> None:
     assert any(bool(g.abs().sum() > 0) for g in grads.values())
 
 
-@pytest.mark.parametrize("name", list(SEPARATIONS))
+@pytest.mark.parametrize("name", list(EVERY))
 def test_per_sample_gradients_under_vmap_equal_one_by_one(name: str) -> None:
     layer = _layer(name)
     x = torch.randn(4, 5, 8, dtype=D)
@@ -170,7 +191,7 @@ def test_func_grad_of_an_iterated_layer_equals_autograd() -> None:
 
 
 @pytest.mark.parametrize("steps", [1, 3])
-@pytest.mark.parametrize("name", list(SEPARATIONS))
+@pytest.mark.parametrize("name", list(EVERY))
 def test_an_ensemble_under_vmap_equals_each_model(name: str, steps: int) -> None:
     """Model ensembling (``torch.func.stack_module_state`` and ``vmap`` over the stacked
     parameters): each member's output. Before 29 Nov the layer read the data pointers of its
@@ -179,7 +200,7 @@ def test_an_ensemble_under_vmap_equals_each_model(name: str, steps: int) -> None
 
     torch.manual_seed(0)
     members = [
-        Hopfield(8, 2, separation=SEPARATIONS[name](), update_steps=steps, dtype=D).eval()
+        Hopfield(8, 2, separation=EVERY[name](), update_steps=steps, dtype=D).eval()
         for _ in range(3)
     ]
     params, buffers = stack_module_state(members)
@@ -193,3 +214,55 @@ def test_an_ensemble_under_vmap_equals_each_model(name: str, steps: int) -> None
         together = vmap(member)(params, buffers)
         each = torch.stack([m(x) for m in members])
     torch.testing.assert_close(together, each, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3, "learnable"])
+def test_entmax_is_twice_differentiable_and_vmaps(alpha: float | str) -> None:
+    """The entmax function's backward is differentiable (``gradgradcheck`` over the scores and
+    a per-row alpha), and ``vmap`` over scores and alpha equals the rows taken one by one:
+    before 29 Nov its autograd function refused every torch.func transform."""
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(3, 2, 6, dtype=D, generator=gen).requires_grad_()
+    if alpha == "learnable":
+        a = (1.2 + 0.6 * torch.rand(3, 2, 1, dtype=D, generator=gen)).requires_grad_()
+        assert torch.autograd.gradgradcheck(entmax, (scores, a))
+        together = vmap(entmax)(scores, a)
+        each = torch.stack([entmax(scores[i], a[i]) for i in range(3)])
+    else:
+        assert torch.autograd.gradgradcheck(lambda z: entmax(z, alpha), (scores,))
+        together = vmap(lambda z: entmax(z, alpha))(scores)
+        each = torch.stack([entmax(scores[i], alpha) for i in range(3)])
+    torch.testing.assert_close(together, each, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: TopK(3), lambda: RandomFeatures(8, seed=0, dtype=D)],
+    ids=["top-k", "random-features"],
+)
+def test_structures_under_vmap_give_ensembles_and_per_sample_gradients(make) -> None:  # type: ignore[no-untyped-def]
+    """Top-K (its PyTorch path: no score product into a buffer, ``out=`` has no batching rule)
+    and random features (no check that reads the scale's values) under ``vmap``: an ensemble
+    equals each member, per-sample gradients the samples one by one."""
+    from torch.func import stack_module_state
+
+    torch.manual_seed(0)
+    members = [Hopfield(8, 2, structure=make(), dtype=D).eval() for _ in range(3)]
+    x = torch.randn(4, 5, 8, dtype=D)
+    each = torch.stack([m(x) for m in members])  # draws the random projections
+    params, buffers = stack_module_state(members)
+    base = copy.deepcopy(members[0]).to("meta")
+    with torch.no_grad():
+        together = vmap(lambda p, b: functional_call(base, (p, b), (x,)))(params, buffers)
+    torch.testing.assert_close(together, each.detach(), rtol=1e-10, atol=1e-12)
+    layer = members[0]
+    own = {n: p.detach() for n, p in layer.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], sample: torch.Tensor) -> torch.Tensor:
+        return functional_call(layer, p, (sample.unsqueeze(0),)).square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(own, x)
+    for i in range(x.shape[0]):
+        one = torch.autograd.grad(layer(x[i : i + 1]).square().sum(), list(layer.parameters()))
+        for (n, _), expected in zip(layer.named_parameters(), one, strict=True):
+            torch.testing.assert_close(per_sample[n][i], expected, rtol=1e-10, atol=1e-12)

@@ -694,6 +694,7 @@ def _product_into(workspace: Tensor, q: Tensor, k: Tensor) -> Tensor:
         workspace.numel() < math.prod(shape)
         or workspace.dtype != torch.promote_types(q.dtype, k.dtype)
         or capturing_graph()
+        or native.transforming()  # torch.func: vmap has no batching rule for out=
     ):
         return torch.matmul(q, k.transpose(-1, -2))
     return torch.matmul(q, k.transpose(-1, -2), out=workspace[: math.prod(shape)].view(shape))
@@ -1480,9 +1481,8 @@ class TopK(_GatheredStructure):
             # functionalization ran this fill before the topk that reads the buffer when the
             # buffer came from a no-op expand().contiguous() (an alias), and every query lost its
             # support (NaN outputs under torch.compile with gradients, torch 2.13).
-            out = (
-                torch.full_like(scores, -math.inf) if capturing_graph() else scores.fill_(-math.inf)
-            )
+            fresh = capturing_graph() or native.transforming()
+            out = torch.full_like(scores, -math.inf) if fresh else scores.fill_(-math.inf)
             return support_bias(idx, keep, out)
 
     def _support(

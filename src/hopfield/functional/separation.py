@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from hopfield._validation import check_int
 from hopfield._validation import check_real as _check_real
+from hopfield.functional.native import capturing_graph, transforming
 
 #: The dtypes computed in float32 (scores, sums) and cast back.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -584,12 +585,17 @@ def _alpha_curvature(p: Tensor, coef: Tensor) -> Tensor:
 
 
 class _Entmax(torch.autograd.Function):
-    """alpha-entmax over the last dim, with gradients for the scores and for alpha."""
+    """alpha-entmax over the last dim, with gradients for the scores and for alpha.
+
+    ``exact`` is 2.0 (sparsemax) or 1.5 for the sort-based thresholds, NaN for Newton's method.
+    Written for :mod:`torch.func` (``forward`` without ``ctx``, :meth:`setup_context`): under
+    ``vmap`` the rows of every batch entry are thresholded together in one call (:meth:`vmap`,
+    rows are independent), and the backward is made of branch-free tensor operations, so
+    ``vmap(grad(...))`` (per-sample gradients) and ``create_graph=True`` go through it.
+    """
 
     @staticmethod
-    def forward(ctx: Any, scores: Tensor, alpha: Tensor, iterations: int) -> Tensor:
-        value = float(alpha) if alpha.numel() == 1 else math.nan  # NaN on the meta device
-        exact = value if value in (2.0, 1.5) else math.nan
+    def forward(scores: Tensor, alpha: Tensor, iterations: int, exact: float) -> Tensor:
         size = scores.shape[-1]
         shape = (*scores.shape[:-1], 1)
         coef = alpha - 1
@@ -598,32 +604,46 @@ class _Entmax(torch.autograd.Function):
         peak, tau = peak.view(shape), tau.view(shape)
         gap = torch.sub(scores, peak)  # the only new full-size tensor: the others work in place
         if exact == 2.0:
-            p = gap.sub_(tau).clamp_min_(0)
-        elif exact == 1.5:
+            return gap.sub_(tau).clamp_min_(0)
+        if exact == 1.5:
             # (0.5 (z - peak) - tau)^2 = 0.25 ((z - peak) - 2 tau)^2, exactly (powers of 2).
             p = gap.sub_(2 * tau).clamp_min_(0)
-            p = p.mul_(p).mul_(0.25)
-        else:  # tau is Newton's t: [1 + coef (z - peak - t)]_+^r, as exp(r log1p(...)).
-            y = gap.sub_(tau).mul_(coef).clamp_min_(-1.0)
-            p = gap_power(y, 1.0 / coef - 1).mul_(y.add_(1.0))  # exactly 0 outside the support
-            total = p.sum(dim=-1, keepdim=True)
-            p = p.div_(torch.where(total == 0, torch.ones_like(total), total))
-        ctx.exact = exact
-        ctx.save_for_backward(p, alpha)
-        return p
+            return p.mul_(p).mul_(0.25)
+        # tau is Newton's t: [1 + coef (z - peak - t)]_+^r, as exp(r log1p(...)).
+        y = gap.sub_(tau).mul_(coef).clamp_min_(-1.0)
+        p = gap_power(y, 1.0 / coef - 1).mul_(y.add_(1.0))  # exactly 0 outside the support
+        total = p.sum(dim=-1, keepdim=True)
+        return p.div_(torch.where(total == 0, torch.ones_like(total), total))
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        p, alpha = ctx.saved_tensors
-        # s = p^(2 - alpha) on the support, 0 elsewhere: the support indicator for sparsemax.
-        if ctx.exact == 2.0:
-            s = (p > 0).to(p.dtype)
-        elif ctx.exact == 1.5:
-            s = p.sqrt()
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, alpha, _, exact = inputs
+        ctx.exact = exact
+        ctx.save_for_backward(output, alpha)
+
+    @staticmethod
+    def vmap(
+        info: Any, in_dims: tuple[Any, ...], scores: Tensor, alpha: Tensor, iterations: int,
+        exact: float,
+    ) -> tuple[Tensor, int]:  # fmt: skip
+        """The batch dimension in front of the scores (and of alpha, spread over the score
+        dimensions it broadcasts against): one call thresholds every row."""
+        scores_dim, alpha_dim = in_dims[0], in_dims[1]
+        if scores_dim is None:
+            scores = scores.expand(info.batch_size, *scores.shape)
         else:
-            s = p.pow(2 - alpha)  # 0 outside the support for alpha < 2
-            if not bool((alpha < 2).all()):  # 0^0 = 1 for alpha = 2
-                s = s.mul_(p > 0)
+            scores = scores.movedim(scores_dim, 0)
+        if alpha_dim is not None:
+            alpha = alpha.movedim(alpha_dim, 0)
+            alpha = alpha.reshape(
+                info.batch_size, *([1] * (scores.dim() - alpha.dim())), *alpha.shape[1:]
+            )
+        return _Entmax.apply(scores, alpha, iterations, exact), 0
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        p, alpha = ctx.saved_tensors
+        s = _entmax_slope(p, alpha, ctx.exact)
         s_total = s.sum(dim=-1, keepdim=True)
         s_total = torch.where(s_total > 0, s_total, torch.ones_like(s_total))
         s_grad = s * grad
@@ -634,9 +654,44 @@ class _Entmax(torch.autograd.Function):
             centred = curvature - (s * curvature).sum(dim=-1, keepdim=True) / s_total
             # dp/dalpha = s (B - B̄), with B̄ the s-weighted mean of B.
             grad_alpha = (s_grad * centred).sum(dim=-1, keepdim=True).sum_to_size(alpha.shape)
+        if torch.is_grad_enabled():  # create_graph: s_grad is saved for the double backward
+            return s_grad - s * mean, grad_alpha, None, None
         # s (grad - mean), in place in the buffer of s * grad.
-        grad_scores = s_grad.addcmul_(s, mean, value=-1)
-        return grad_scores, grad_alpha, None
+        return s_grad.addcmul_(s, mean, value=-1), grad_alpha, None, None
+
+
+def _entmax_slope(p: Tensor, alpha: Tensor, exact: float) -> Tensor:
+    """``s = p^(2 - alpha)`` on the support of the weights ``p``, 0 elsewhere (the support
+    indicator for sparsemax, ``√p`` for 1.5).
+
+    A backward that is differentiated in turn (gradients enabled: ``create_graph=True``, every
+    :mod:`torch.func` transform) or captured in a graph takes the powers of 1 off the support,
+    without a branch on values: ``√p`` and ``p^(2 - alpha)`` have infinite or NaN derivatives at
+    ``p = 0``, which would reach the double backward as ``0 · inf = NaN``. A first-order eager
+    backward takes the plain powers (one operation fewer), masked only where some
+    ``alpha = 2`` makes ``0^0 = 1``."""
+    if exact == 2.0:
+        return (p > 0).to(p.dtype)
+    if torch.is_grad_enabled() or capturing_graph():
+        support = p > 0
+        safe = torch.where(support, p, 1.0)
+        power = safe.sqrt() if exact == 1.5 else safe.pow(2 - alpha)
+        return torch.where(support, power, 0.0)
+    if exact == 1.5:
+        return p.sqrt()
+    power = p.pow(2 - alpha)
+    return power if bool((alpha < 2).all()) else power.mul_(p > 0)
+
+
+def _exact_alpha(alpha: Tensor | float, alpha_t: Tensor) -> float:
+    """2.0 or 1.5 where ``alpha`` is one of them (the sort-based thresholds), else NaN (Newton's
+    method). A tensor is read only outside :mod:`torch.func` transforms, where it has a value
+    (inside, a learnable alpha takes Newton's method, exact for every alpha in ``(1, 2)``)."""
+    if isinstance(alpha, Tensor):
+        if alpha_t.numel() != 1 or alpha_t.is_meta or transforming():
+            return math.nan
+        alpha = float(alpha_t)
+    return float(alpha) if alpha in (2.0, 1.5) else math.nan
 
 
 def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) -> Tensor:
@@ -647,16 +702,18 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
     thresholds; other values Newton's method with at most ``iterations`` steps (a positive int;
     it stops earlier once the threshold is exact to a few ulps, usually after 3 to 8 steps).
     Half-precision scores (and alpha) are computed in float32 and the weights cast back.
+    Works under :mod:`torch.func` (``grad``, ``vmap``, their compositions); inside a transform
+    a tensor alpha is not checked against ``(1, 2]`` (it has no value to read there).
     """
     check_int("iterations", iterations)
     work = _upcast(scores)
     alpha_t = torch.as_tensor(alpha, dtype=work.dtype, device=scores.device)
-    readable = alpha_t.device.type != "meta"  # meta tensors (cost estimates) carry no values
+    readable = not alpha_t.is_meta and not transforming()  # meta (cost estimates): no values
     if readable and not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
         raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
     if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax; alpha gets a zero gradient
         return scores + 0 * alpha_t.sum()
-    weights: Tensor = _Entmax.apply(work, alpha_t, iterations)
+    weights: Tensor = _Entmax.apply(work, alpha_t, iterations, _exact_alpha(alpha, alpha_t))
     return weights.to(scores.dtype)
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.blockwise import blockwise_entmax_attention
-from hopfield.functional.native import capturing_graph
+from hopfield.functional.native import capturing_graph, transforming
 from hopfield.functional.separation import (
     HALF_DTYPES,
     Entmax,
@@ -305,6 +305,7 @@ class Dense(Structure):
             and self.blockwise_from is not None
             and (mask is None or not mask.requires_grad)
             and q.shape[0] * q.shape[1] * length * size >= self.blockwise_from
+            and not transforming()  # its autograd function is not written for torch.func
         ):
             bias = mask
             if mask is not None and mask.dtype == torch.bool:
@@ -363,7 +364,8 @@ class Dense(Structure):
         elif mask is not None:
             allowed = mask if mask.dtype == torch.bool else mask > -math.inf
             blocked_rows = ~allowed.any(dim=-1, keepdim=True)
-            if capturing_graph() or bool(blocked_rows.any()):  # the extra key changes no other row
+            if capturing_graph() or transforming() or bool(blocked_rows.any()):
+                # the extra key changes no other row: taken unread in a graph or transform
                 k, v = _append_zero_keys(k, v, 1)
                 extra = (
                     blocked_rows
