@@ -133,3 +133,16 @@ def test_three_processes_follow_one_and_resume_to_float_rounding(tmp_path: Path)
     reference = _weights(whole)
     for name, value in _weights(parts).items():
         torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-7)
+
+
+def test_a_random_feature_projection_is_the_same_on_every_process(tmp_path: Path) -> None:
+    """A layer draws its random-feature projection when it is built, before the trainer gives
+    each process its own random stream and before the model is wrapped, which broadcasts it:
+    every process's every call uses one projection. Before 29 Nov the projection was drawn at
+    the first call, after that, so the second process computed its first micro-batch with
+    another projection than the first (the wrapper's buffer broadcast caught up a call later)."""
+    script = str(Path(__file__).with_name("distributed_projection_script.py"))
+    torchrun([script, str(tmp_path)], cwd=tmp_path)
+    used = json.loads((tmp_path / "projections.json").read_text())
+    assert len(used) == 2 and all(len(calls) == 2 for calls in used)
+    assert len({value for calls in used for value in calls}) == 1, used

@@ -290,6 +290,23 @@ def test_a_projection_not_drawn_yet_follows_the_module_to_its_device_and_dtype()
     torch.testing.assert_close(narrow.projection, reference.projection.float())
 
 
+def test_a_layer_draws_its_projection_when_it_is_built() -> None:
+    """A layer draws the random-feature projection of its head size when it is built (so that
+    a wrapper for several processes finds and broadcasts it), on the layer's device where the
+    structure was given none; the seed's projection, as a first call would have drawn it. A
+    layer built on meta draws at its first call instead (after ``to_empty``)."""
+    layer = Hopfield(12, 3, structure=RandomFeatures(8, seed=4))
+    structure = layer.structure
+    assert isinstance(structure, RandomFeatures) and structure.projection is not None
+    assert structure.projection.shape == (8, 4)  # the head size: 12 / 3
+    lazily = RandomFeatures(8, seed=4)
+    lazily(*patterns(e=4), separation=Softmax(), scale=0.5, mask=None, **NO)
+    assert lazily.projection is not None
+    assert torch.equal(structure.projection, lazily.projection)
+    on_meta = Hopfield(12, 3, structure=RandomFeatures(8, seed=4), device="meta")
+    assert isinstance(on_meta.structure, RandomFeatures) and on_meta.structure.projection is None
+
+
 @pytest.mark.parametrize("structure", [Linear(), RandomFeatures(8, seed=0, dtype=D)])
 def test_kernel_gradcheck(structure) -> None:
     q, k, v = patterns(b=1, h=1, length=5, size=6, e=3, ev=2)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hopfield._validation import check_int
 from hopfield.functional.efficient import additive_bias
 from hopfield.functional.native import transforming
 from hopfield.functional.separation import Separation, Softmax
@@ -263,16 +264,19 @@ def orthogonal_gaussian(
 
     With ``orthogonal``, blocks of ``dim`` rows are exactly orthogonal (Q of a Gaussian QR with
     the sign fix that makes it Haar), each row rescaled by an independent chi(dim) norm, as in
-    Performer's orthogonal random features. Drawn on the CPU.
+    Performer's orthogonal random features. Drawn on the CPU (also under a default-device
+    context such as ``with torch.device("meta")``), in float64.
     """
     if not orthogonal:
-        return torch.randn(rows, dim, generator=generator, dtype=torch.float64).to(dtype)
+        return torch.randn(rows, dim, generator=generator, dtype=torch.float64, device="cpu").to(
+            dtype
+        )
     count = -(-rows // dim)
-    gaussian = torch.randn(count, dim, dim, generator=generator, dtype=torch.float64)
+    gaussian = torch.randn(count, dim, dim, generator=generator, dtype=torch.float64, device="cpu")
     basis, triangle = torch.linalg.qr(gaussian)  # batched over the blocks
     basis = basis * torch.sign(torch.diagonal(triangle, dim1=-2, dim2=-1)).unsqueeze(-2)
     directions = basis.transpose(-1, -2).reshape(count * dim, dim)[:rows]
-    norms = torch.randn(rows, dim, generator=generator, dtype=torch.float64).norm(
+    norms = torch.randn(rows, dim, generator=generator, dtype=torch.float64, device="cpu").norm(
         dim=1, keepdim=True
     )
     return (directions * norms).to(dtype)
@@ -315,8 +319,10 @@ class RandomFeatures(_KernelStructure):
     ``max(1, int(E · ln E))``), orthogonal by default, kept as a buffer (saved in the state dict) and
     redrawn every ``redraw`` training-mode calls (never when ``None``) or by :meth:`reset_parameters`.
     It is drawn from the seed on the CPU, then placed on the device and dtype of the module's
-    buffers at that moment: ``.to()``, ``.cuda()``, ``.double()`` and ``to_empty()`` before the
-    first call carry the place of a projection not drawn yet.
+    buffers at that moment (``.to()``, ``.cuda()``, ``.double()`` and ``to_empty()`` before the
+    first call carry the place of a projection not drawn yet; a module never given a device
+    takes that of its layer, or of its first call's inputs). A layer draws it when it is built
+    (:meth:`initialize`), so that a wrapper for several processes broadcasts it.
 
     Cost: a non-causal call makes about ``4·N·m·E`` multiply-adds (two projections onto ``Ω``,
     ``φ(K)ᵀV`` and ``φ(Q)(φ(K)ᵀV)``) against exact attention's ``2·N²·E``, a ratio of ``2m/N``:
@@ -424,16 +430,25 @@ class RandomFeatures(_KernelStructure):
         self._factory = {"device": moved.device, "dtype": moved.dtype}
         return cast(RandomFeatures, super()._apply(fn, recurse))
 
-    def _projection_for(self, x: Tensor) -> Tensor:
-        """The projection for patterns ``x (..., E)`` (drawn on first use, once: of several
-        threads' first calls, one draws and all use its draw, the seed's first)."""
-        projection = self.projection
-        if projection is None:
+    def initialize(self, pattern_size: int, device: torch.device | str | None = None) -> None:
+        """Draw the projection for ``pattern_size`` now if there is none (see
+        :meth:`Structure.initialize`), on ``device`` unless this module was built with one;
+        one drawn already is kept."""
+        if self.projection is None:
             with _FIRST_DRAW:
                 if self.projection is None:
-                    self.reset_parameters(x.shape[-1])
-            projection = self.projection
-            assert projection is not None
+                    if self._factory["device"] is None and device is not None:
+                        self._factory = {**self._factory, "device": torch.device(device)}
+                    self.reset_parameters(check_int("pattern_size", pattern_size))
+
+    def _projection_for(self, x: Tensor) -> Tensor:
+        """The projection for patterns ``x (..., E)`` (drawn on first use, on ``x``'s device
+        unless this module was built with or moved to one, and once: of several threads'
+        first calls, one draws and all use its draw, the seed's first)."""
+        if self.projection is None:
+            self.initialize(x.shape[-1], x.device)
+        projection = self.projection
+        assert projection is not None
         if projection.shape[1] != x.shape[-1]:
             raise ValueError(
                 f"q and k have pattern size {x.shape[-1]}, but the random projection was drawn "

@@ -59,6 +59,15 @@ def kept_across_calls() -> Iterator[None]:
 class Structure(nn.Module, ABC):
     """Base class of structures. Subclasses implement :meth:`forward`."""
 
+    def initialize(self, pattern_size: int, device: torch.device | str | None = None) -> None:
+        """Create now what this structure would otherwise create on its first call with
+        queries and keys of ``pattern_size`` features (nothing for most structures; the
+        projection of :class:`~hopfield.functional.RandomFeatures`), on ``device`` where the
+        structure was given none of its own. A layer calls it when it is built, so that the
+        state exists when the model is wrapped for several processes: ``DistributedDataParallel``
+        broadcasts the buffers that exist then, and a buffer drawn at the first call is drawn by
+        each process from its own random stream."""
+
     @abstractmethod
     def forward(
         self,

@@ -238,6 +238,10 @@ class Hopfield(nn.Module):
             self.norm_q = nn.LayerNorm(self.hidden_size, **factory)
             self.norm_k = nn.LayerNorm(self.hidden_size, **factory)
         self.reset_parameters()
+        device = self.scale.device  # where the layer was built (factory or default device)
+        if device.type != "meta":  # meta: drawn on first use, after to_empty(); otherwise now,
+            # so that a wrapper for several processes (DistributedDataParallel) finds it
+            self.structure.initialize(self.hidden_size, device)
 
     @staticmethod
     def _default_separation() -> Separation:
