@@ -1,8 +1,9 @@
 """Trains a Hopfield pooling layer with random features (``seed=None``: torch's global
 generator, which the trainer gives each process a stream of its own) under
 :class:`hopfield.training.Trainer`; run by ``tests/test_distributed_training.py`` under
-``torchrun``. The main process writes ``OUT/projections.json``: for every process, the sum of
-the projection each of its forward calls used."""
+``torchrun``: ``python distributed_projection_script.py OUT [REDRAW]`` (redraw the projection
+every ``REDRAW`` calls; never by default). The main process writes ``OUT/projections.json``:
+for every process, the sum of the projection each of its forward calls used."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from hopfield.training import Trainer, TrainingConfig, leave_process_group
 
 
 class Pooled(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, redraw: int | None) -> None:
         super().__init__()
-        self.pool = HopfieldPooling(6, num_heads=2, structure=RandomFeatures(4), batch_first=True)
+        features = RandomFeatures(4, redraw=redraw)
+        self.pool = HopfieldPooling(6, num_heads=2, structure=features, batch_first=True)
         self.head = nn.Linear(6, 1)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -32,9 +34,9 @@ class Pooled(nn.Module):
 USED: list[float] = []
 
 
-def main(out: Path) -> None:
+def main(out: Path, redraw: int | None) -> None:
     torch.manual_seed(0)
-    model = Pooled()
+    model = Pooled(redraw)
     structure = model.pool.hopfield.structure
     assert isinstance(structure, RandomFeatures)
     g = torch.Generator().manual_seed(0)
@@ -43,10 +45,10 @@ def main(out: Path) -> None:
 
     def loss_fn(model: nn.Module, batch: Any) -> Tensor:
         inputs, targets = batch
-        loss = (model(inputs) - targets).square().mean()
+        prediction = model(inputs)
         assert structure.projection is not None
-        USED.append(float(structure.projection.sum()))
-        return loss
+        USED.append(float(structure.projection.sum()))  # the call's (a redraw comes before it)
+        return (prediction - targets).square().mean()
 
     config = TrainingConfig(epochs=1, batch_size=16, micro_batch_size=8, lr=1e-3, cpu=True)
     trainer = Trainer(model, data, loss_fn, config, out, progress=False)
@@ -59,4 +61,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

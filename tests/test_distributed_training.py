@@ -135,14 +135,19 @@ def test_three_processes_follow_one_and_resume_to_float_rounding(tmp_path: Path)
         torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-7)
 
 
-def test_a_random_feature_projection_is_the_same_on_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("redraw", [None, 1])
+def test_a_random_feature_projection_is_the_same_on_every_process(
+    tmp_path: Path, redraw: int | None
+) -> None:
     """A layer draws its random-feature projection when it is built, before the trainer gives
-    each process its own random stream and before the model is wrapped, which broadcasts it:
-    every process's every call uses one projection. Before 29 Nov the projection was drawn at
-    the first call, after that, so the second process computed its first micro-batch with
-    another projection than the first (the wrapper's buffer broadcast caught up a call later)."""
+    each process its own random stream and before the model is wrapped, which broadcasts it; a
+    redraw follows from the first draw's seed and the count of draws, not from the process's
+    stream: every process's every call uses the same projection (with ``redraw=1`` a new one
+    each call). Before 29 Nov the projection was drawn at the first call from each process's own
+    stream (the second process computed its first micro-batch with another projection), and so
+    was every redraw."""
     script = str(Path(__file__).with_name("distributed_projection_script.py"))
-    torchrun([script, str(tmp_path)], cwd=tmp_path)
-    used = json.loads((tmp_path / "projections.json").read_text())
-    assert len(used) == 2 and all(len(calls) == 2 for calls in used)
-    assert len({value for calls in used for value in calls}) == 1, used
+    torchrun([script, str(tmp_path), *([] if redraw is None else [str(redraw)])], cwd=tmp_path)
+    first, second = json.loads((tmp_path / "projections.json").read_text())
+    assert len(first) == 2 and first == second
+    assert (first[0] == first[1]) == (redraw is None)

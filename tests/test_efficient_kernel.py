@@ -307,6 +307,43 @@ def test_a_layer_draws_its_projection_when_it_is_built() -> None:
     assert isinstance(on_meta.structure, RandomFeatures) and on_meta.structure.projection is None
 
 
+@pytest.mark.parametrize("seed", [3, None])
+def test_a_state_dict_resumes_the_redraws_where_they_stopped(seed: int | None) -> None:
+    """The state dict keeps the first seed and the counts (extra state), so a module loaded
+    from one taken mid-run redraws at the same calls and draws the same projections as the
+    module that ran on. Before 29 Nov the counts restarted (a resumed run redrew at other calls)
+    and a seeded module's generator started over (it redrew the seed's first projections)."""
+    q, k, v = patterns(length=5, size=5)
+    kw = {"separation": Softmax(), "scale": 0.5, "mask": None, **NO}
+    torch.manual_seed(0)
+    running = RandomFeatures(8, seed=seed, redraw=2)
+    for _ in range(3):
+        running(q, k, v, **kw)
+    resumed = RandomFeatures(8, seed=None if seed is None else seed + 1, redraw=2)
+    resumed.load_state_dict(running.state_dict())
+    for _ in range(4):
+        torch.testing.assert_close(resumed(q, k, v, **kw)[0], running(q, k, v, **kw)[0])
+        assert running.projection is not None and resumed.projection is not None
+        assert torch.equal(resumed.projection, running.projection)
+    assert running._draws == 4  # one draw, then a new one every second call
+
+
+def test_state_dicts_without_the_counts_load_and_bad_counts_are_refused() -> None:
+    """A state dict saved before the counts existed loads (strictly; the module's counts stand);
+    extra state of another form is refused with a ValueError naming what it should be."""
+    q, k, v = patterns(length=5, size=5)
+    kw = {"separation": Softmax(), "scale": 0.5, "mask": None, **NO}
+    saved = RandomFeatures(8, seed=1)
+    saved(q, k, v, **kw)
+    old = {n: t for n, t in saved.state_dict().items() if not n.endswith("_extra_state")}
+    loaded = RandomFeatures(8)
+    loaded.load_state_dict(old)
+    torch.testing.assert_close(loaded(q, k, v, **kw)[0], saved(q, k, v, **kw)[0])
+    for bad in (torch.zeros(3, dtype=torch.int64), torch.zeros(4), torch.tensor([2, 0, 0, 0])):
+        with pytest.raises(ValueError, match="extra state"):
+            RandomFeatures(8).load_state_dict({**old, "_extra_state": bad})
+
+
 @pytest.mark.parametrize("structure", [Linear(), RandomFeatures(8, seed=0, dtype=D)])
 def test_kernel_gradcheck(structure) -> None:
     q, k, v = patterns(b=1, h=1, length=5, size=6, e=3, ev=2)

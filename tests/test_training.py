@@ -694,3 +694,45 @@ def test_count_fn_makes_accumulated_masked_losses_the_global_mean(tmp_path: Path
     torch.testing.assert_close(counted, whole, rtol=1e-5, atol=1e-6)
     _, uncounted = _masked_run(tmp_path / "uncounted", 3, count=False)
     assert not torch.allclose(uncounted, whole, rtol=1e-4, atol=1e-5)
+
+
+class _RedrawnFeatures(nn.Module):
+    """A Hopfield pooling over random features redrawn at every call, and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from hopfield.functional import RandomFeatures
+        from hopfield.nn import HopfieldPooling
+
+        features = RandomFeatures(4, redraw=1)
+        self.pool = HopfieldPooling(4, num_heads=2, structure=features, batch_first=True)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.pool(x.unsqueeze(1).expand(-1, 3, -1)).squeeze(1))
+
+
+def _squared_error(model: nn.Module, batch: Any) -> Tensor:
+    x, y = batch
+    return (model(x) - y).square().mean()
+
+
+def test_a_run_with_redrawn_random_features_resumes_bitwise(tmp_path: Path) -> None:
+    """Random features redrawn at every call: the redraws follow from the first seed and the
+    count of draws, which the checkpoint's state dict keeps, so a stopped and resumed run ends
+    with the uninterrupted run's projection and weights. Before 29 Nov the resumed run restarted
+    its redraw count and drew from its new process's stream."""
+
+    def run(out: Path, until: int | None, resume: bool) -> nn.Module:
+        torch.manual_seed(0)
+        config = TrainingConfig(max_steps=6, batch_size=8, lr=1e-2, checkpoint_every=1, cpu=True)
+        model = _RedrawnFeatures()
+        job = Trainer(model, data(), _squared_error, config, out, progress=False)
+        job.fit(until_step=until, resume=resume)
+        return job.unwrapped
+
+    whole = run(tmp_path / "whole", None, False)
+    run(tmp_path / "parts", 3, False)
+    resumed = run(tmp_path / "parts", None, True)  # a new job, built as the first was
+    for name, value in resumed.state_dict().items():
+        assert torch.equal(value, whole.state_dict()[name]), name

@@ -300,6 +300,9 @@ def _padding_count(count: int) -> int:
 
 
 _FIRST_DRAW = threading.Lock()  # the first draw of a projection, for calls from several threads
+#: The step between the seeds of successive random-feature draws (the odd 64-bit golden-ratio
+#: constant, taken below 2**63): draws far apart in the generator's seed space.
+_SEED_STEP = 0x1E3779B97F4A7C15
 
 
 class RandomFeatures(_KernelStructure):
@@ -336,7 +339,8 @@ class RandomFeatures(_KernelStructure):
         orthogonal: orthogonal (True) or i.i.d. Gaussian projections.
         redraw: redraw the projection every this many training-mode calls; ``None`` = never.
         kernel: ``"softmax"`` (positive random features) or ``"relu"`` (generalized).
-        seed: seed of the projection draws (``None``: torch's global generator).
+        seed: seed of the first projection, from which every redraw's follows (``None``: one
+            drawn from torch's global generator at the first draw).
         eps: added to the normaliser.
         relu_eps: the constant added to ReLU features.
         chunk_size: keys per chunk of the causal prefix sums.
@@ -385,11 +389,9 @@ class RandomFeatures(_KernelStructure):
             "device": device,
             "dtype": dtype or torch.get_default_dtype(),
         }
-        self._generator: torch.Generator | None = None
-        if seed is not None:
-            self._generator = torch.Generator()
-            self._generator.manual_seed(seed)
-        self._since_redraw = 0
+        self._first_seed: int | None = seed  # seed=None: drawn at the first draw
+        self._draws = 0  # projections drawn so far
+        self._since_redraw = 0  # training-mode calls on the current projection
         self.register_buffer("projection", None)
 
     def extra_repr(self) -> str:
@@ -412,12 +414,56 @@ class RandomFeatures(_KernelStructure):
             dim = self.projection.shape[1]
         device = self._factory["device"] if self.projection is None else self.projection.device
         dtype = self._factory["dtype"] if self.projection is None else self.projection.dtype
+        generator = torch.Generator().manual_seed(self._draw_seed())
         with kept_across_calls():  # also when first used under inference mode
             drawn = orthogonal_gaussian(
-                self.features_for(dim), dim, orthogonal=self.orthogonal, generator=self._generator
+                self.features_for(dim), dim, orthogonal=self.orthogonal, generator=generator
             )
             self.projection = drawn.to(device=device, dtype=dtype)
+        self._draws += 1
         self._since_redraw = 0
+
+    def _draw_seed(self) -> int:
+        """The seed of the next draw: ``seed`` (with ``seed=None``, one drawn from torch's
+        global generator at the first draw) for the first, a fixed mix of it with the draw's
+        number after. Every projection follows from that first seed and the count of draws,
+        which the state dict keeps (:meth:`get_extra_state`): a resumed run redraws what an
+        uninterrupted one does, and processes that share the first seed (a layer draws when it
+        is built, before the trainer gives each process its own stream) redraw alike."""
+        if self._first_seed is None:
+            self._first_seed = int(torch.randint(0, 2**62, (1,), device="cpu"))
+        if self._draws == 0:
+            return self._first_seed
+        return (self._first_seed + self._draws * _SEED_STEP) % 2**63
+
+    def get_extra_state(self) -> Tensor:
+        """``[first seed known (0/1), first seed, draws made, training calls since the last]``
+        (int64): with the projection, what a resumed run needs to redraw at the same calls and
+        draw the same projections as an uninterrupted one."""
+        seed = self._first_seed
+        known = [0, 0] if seed is None else [1, seed]
+        return torch.tensor([*known, self._draws, self._since_redraw], dtype=torch.int64)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore :meth:`get_extra_state`'s counts, checked (a state dict is not trusted)."""
+        if not (isinstance(state, Tensor) and state.dtype == torch.int64 and state.shape == (4,)):
+            kind = (
+                f"a {state.dtype} tensor of shape {tuple(state.shape)}"
+                if isinstance(state, Tensor)
+                else type(state).__name__
+            )
+            raise ValueError(
+                "random features: the extra state must be an int64 tensor [first seed known, "
+                f"first seed, draws, calls since the last draw] of shape (4,), got {kind}"
+            )
+        known, seed, draws, since = (int(v) for v in state.tolist())
+        if known not in (0, 1) or draws < 0 or since < 0:
+            raise ValueError(
+                "random features: the extra state holds a first-seed flag other than 0/1 or a "
+                f"negative count: {state.tolist()}"
+            )
+        self._first_seed = seed if known else None
+        self._draws, self._since_redraw = draws, since
 
     def _apply(self, fn: Any, recurse: bool = True) -> RandomFeatures:
         """``nn.Module._apply`` (behind ``.to()``, ``.cuda()``, ``.double()``, ``to_empty()``),
@@ -487,6 +533,9 @@ class RandomFeatures(_KernelStructure):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        counts = prefix + "_extra_state"
+        if counts not in state_dict and counts in missing_keys:  # saved before 29 Nov: the
+            missing_keys.remove(counts)  # counts of this module stand
 
     @staticmethod
     def _root_scale(scale: Scale) -> Scale:
