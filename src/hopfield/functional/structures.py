@@ -471,16 +471,7 @@ class _FlashSink(torch.autograd.Function):
             return _differentiable_sink_grads(ctx, grad)
         q, k, v, out, lse, mask, sink, value_sink = ctx.saved_tensors
         grad = grad.contiguous()
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad,
-            *map(unit_stride, (q, k, v)),
-            out,
-            lse,
-            0.0,
-            ctx.is_causal,
-            attn_mask=mask,
-            scale=ctx.scale,
-        )
+        grads = flash_attention_backward(grad, q, k, v, out, lse, ctx.is_causal, ctx.scale, mask)
         grad_sink = grad_value = None
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
             abstained = torch.exp(sink.to(lse.dtype) - lse).unsqueeze(-1)  # p_s
@@ -541,8 +532,7 @@ def _explicit_sink_attention(
     if mask is not None:
         scores = scores + mask.to(dtype)
     if is_causal:
-        above = torch.ones(q.shape[-2], size, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(above, -math.inf)
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], size, q.device), -math.inf)
     if sink is not None:
         column = sink.to(dtype).unsqueeze(-1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, column], dim=-1)
@@ -685,6 +675,26 @@ def flash_attention(
     weights = torch.exp(lses - total.unsqueeze(2)).unsqueeze(-1)
     merged = (weights * outs.to(weights.dtype)).sum(dim=2)
     return merged.to(q.dtype), total
+
+
+def flash_attention_backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    is_causal: bool,
+    scale: float,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The CPU flash kernel's backward pass ``(dq, dk, dv)`` of ``out = softmax(scale q kᵀ +
+    mask) v`` with log-sum-exp ``lse`` and output gradient ``grad``; every tensor the kernel
+    reads row by row is given a unit last stride first (:func:`unit_stride`)."""
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        *map(unit_stride, (grad, q, k, v, out)), lse, 0.0, is_causal, attn_mask=mask, scale=scale
+    )
+    return dq, dk, dv
 
 
 def _flash_inputs(

@@ -32,7 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hopfield.functional.structures import CPU_FLASH_AVAILABLE, flash_attention, unit_stride
+from hopfield.functional.structures import (
+    CPU_FLASH_AVAILABLE,
+    flash_attention,
+    flash_attention_backward,
+)
 
 AttentionKind = Literal["bisoftmax", "sigmoid", "linear"]
 FeedforwardKind = Literal["relu", "gelu", "softmax", "gated"]
@@ -342,10 +346,7 @@ def _flash_backward(
     """The flash kernel's backward pass: ``(dq, dk, dv)`` of ``out = softmax(β q kᵀ) v`` for the
     output gradient ``grad``. The kernel reads ``out`` only through ``D_i = grad_i · out_i``
     (``dS_ij = P_ij (grad_i · v_j - D_i)``), which :func:`_fold_lse_gradient` uses."""
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        *map(unit_stride, (grad, q, k, v, out)), lse, 0.0, False, scale=beta
-    )
-    return dq, dk, dv
+    return flash_attention_backward(grad, q, k, v, out, lse, False, beta)
 
 
 def _fold_lse_gradient(grad: Tensor, out: Tensor, lse_grad: Tensor) -> tuple[Tensor, Tensor]:
