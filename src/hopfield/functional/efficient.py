@@ -40,7 +40,6 @@ from hopfield.functional.structures import (
     Scale,
     Structure,
     apply_mask,
-    capturing_graph,
     causal_mask,
     computed_in_float32,
     kept_across_calls,
@@ -693,8 +692,7 @@ def _product_into(workspace: Tensor, q: Tensor, k: Tensor) -> Tensor:
     if (
         workspace.numel() < math.prod(shape)
         or workspace.dtype != torch.promote_types(q.dtype, k.dtype)
-        or capturing_graph()
-        or native.transforming()  # torch.func: vmap has no batching rule for out=
+        or native.abstract_tensors()  # no out= into a buffer in a graph or under vmap
     ):
         return torch.matmul(q, k.transpose(-1, -2))
     return torch.matmul(q, k.transpose(-1, -2), out=workspace[: math.prod(shape)].view(shape))
@@ -1481,7 +1479,7 @@ class TopK(_GatheredStructure):
             # functionalization ran this fill before the topk that reads the buffer when the
             # buffer came from a no-op expand().contiguous() (an alias), and every query lost its
             # support (NaN outputs under torch.compile with gradients, torch 2.13).
-            fresh = capturing_graph() or native.transforming()
+            fresh = native.abstract_tensors()
             out = torch.full_like(scores, -math.inf) if fresh else scores.fill_(-math.inf)
             return support_bias(idx, keep, out)
 

@@ -185,6 +185,15 @@ def transforming() -> bool:
     return torch._C._functorch.maybe_current_level() is not None
 
 
+def abstract_tensors() -> bool:
+    """Whether the tensors of this call have no data to read: a graph is being captured
+    (:func:`capturing_graph`) or a :mod:`torch.func` transform runs (:func:`transforming`).
+    No data pointers then (no caches keyed by them, no native kernels, no ``out=`` buffers) and
+    no value to branch on in Python: the paths that need either take their branch-free,
+    pointer-free forms."""
+    return capturing_graph() or transforming()
+
+
 def _cache_root() -> Path:
     root = os.environ.get("HOPFIELD_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "hopfield"
@@ -414,13 +423,7 @@ def _warn(reason: str) -> None:
 def usable_on(device: torch.device) -> bool:
     """Whether the native kernels can run on ``device``: enabled, the CPU, and built (for the
     kernels on index tensors only, e.g. :func:`floyd_sample`)."""
-    return (
-        enabled()
-        and device.type == "cpu"
-        and not capturing_graph()
-        and not transforming()
-        and _library() is not None
-    )
+    return enabled() and device.type == "cpu" and not abstract_tensors() and _library() is not None
 
 
 def available(*tensors: Tensor) -> bool:
@@ -435,13 +438,7 @@ def available(*tensors: Tensor) -> bool:
                 dtype = t.dtype
             elif t.dtype != dtype:
                 return False
-    return (
-        dtype in _DTYPES
-        and enabled()
-        and not capturing_graph()
-        and not transforming()
-        and _library() is not None
-    )
+    return dtype in _DTYPES and enabled() and not abstract_tensors() and _library() is not None
 
 
 def _function(name: str, dtype: torch.dtype | None = None) -> Callable[..., int]:

@@ -25,9 +25,9 @@ from hopfield._validation import (
     parameter_dtype,
 )
 from hopfield.functional.associate import associate
-from hopfield.functional.native import transforming
+from hopfield.functional.native import abstract_tensors
 from hopfield.functional.separation import Separation, Softmax, SoftmaxN
-from hopfield.functional.structures import Dense, Structure, capturing_graph, kept_across_calls
+from hopfield.functional.structures import Dense, Structure, kept_across_calls
 from hopfield.nn.gates import GatedAttention
 
 Patterns = Tensor | tuple[Tensor, Tensor, Tensor]
@@ -453,10 +453,8 @@ class Hopfield(nn.Module):
         weights_and_biases = [_weight_and_bias(p) for p in layers]
         tensors = [t for pair in weights_and_biases for t in pair if t is not None]
         if (
-            (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            or capturing_graph()
-            or transforming()
-        ):  # no data pointers in a graph or transform
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        ) or abstract_tensors():  # no data pointers in a graph or transform
             q_proj, k_proj, v_proj = layers
             return self._split_heads(q_proj(x), k_proj(x), v_proj(x))
         if any(t.is_inference() for t in tensors):  # made under inference mode: no version
@@ -490,8 +488,8 @@ class Hopfield(nn.Module):
         if (
             scale.requires_grad
             or scale.is_meta  # priced without data (hopfield.plan)
-            or capturing_graph()  # before is_inference(), which dynamo cannot trace
-            or transforming()  # torch.func's wrappers: no data pointers
+            or abstract_tensors()  # no data pointers; before is_inference(), which dynamo
+            # cannot trace
             or scale.is_inference()  # made under inference mode: no version counter
         ):
             return scale
@@ -524,7 +522,7 @@ class Hopfield(nn.Module):
             moved = (new_q - q).detach().norm(dim=-1).amax(dim=(0, 2))
             q = torch.where(active.view(1, -1, 1, 1), new_q, q)
             active = active & (moved > self.update_eps)
-            if not (capturing_graph() or transforming()) and not bool(active.any()):
+            if not abstract_tensors() and not bool(active.any()):
                 # stopped heads stay put anyway: the check only saves the remaining steps
                 break
         return q
