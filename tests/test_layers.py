@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -403,6 +404,90 @@ def test_stacked_projections_follow_a_parametrized_weight() -> None:
         after = layer(x)
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, layer(x).detach(), rtol=1e-12, atol=1e-12)
+
+
+class _HalvedOutput(nn.Linear):
+    """A linear map with a forward of its own (as QAT's fake-quantized ``Linear``)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return 0.5 * super().forward(input)
+
+
+def _halve_output(
+    module: nn.Module, args: tuple[torch.Tensor], output: torch.Tensor
+) -> torch.Tensor:
+    return 0.5 * output
+
+
+def _with_own_forward(layer: Hopfield) -> None:
+    source = layer.k_proj
+    layer.k_proj = _HalvedOutput(8, 8, dtype=torch.float64)
+    layer.k_proj.load_state_dict(source.state_dict())
+
+
+def _with_forward_hook(layer: Hopfield) -> None:
+    layer.v_proj.register_forward_hook(_halve_output)
+
+
+def _with_forward_pre_hook(layer: Hopfield) -> None:
+    layer.q_proj.register_forward_pre_hook(lambda module, args: (0.5 * args[0],))
+
+
+def _pruned(layer: Hopfield) -> None:
+    from torch.nn.utils import prune
+
+    prune.l1_unstructured(layer.k_proj, "weight", amount=0.5)
+
+
+@pytest.mark.parametrize(
+    "change", [_with_own_forward, _with_forward_hook, _with_forward_pre_hook, _pruned]
+)
+def test_projections_with_hooks_or_their_own_forward_are_called(
+    change: Callable[[Hopfield], None],
+) -> None:
+    """The stacked no-grad product stands in for the projections only when calling them would
+    compute nothing else: a projection with a forward of its own, a hook or a pruning mask (a
+    pre-hook) is called, so the no-grad output equals the training-mode one and differs from the
+    unchanged layer's (the stacked product skipped them: a wrong answer, or a ``KeyError`` for a
+    pruned weight)."""
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    layer = _seeded_layer()
+    with torch.no_grad():
+        plain = layer(x)
+    change(layer)
+    with torch.no_grad():
+        fast = layer(x)
+    torch.testing.assert_close(fast, layer(x).detach(), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(fast, plain)
+
+
+def test_hooks_for_every_module_see_the_projections() -> None:
+    """A forward hook registered for every module (``register_module_forward_hook``) sees the
+    query, key and value projections of a no-grad call too."""
+    layer = _seeded_layer()
+    seen: list[nn.Module] = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: seen.append(module)
+    )
+    try:
+        with torch.no_grad():
+            layer(torch.randn(2, 5, 8, dtype=torch.float64))
+    finally:
+        handle.remove()
+    assert {id(layer.q_proj), id(layer.k_proj), id(layer.v_proj)} <= {id(m) for m in seen}
+
+
+def test_w8a8_quantizes_the_projections_of_a_self_associating_layer() -> None:
+    """``quantize_w8a8`` calibrates (no gradients) the activation quantizers of every linear
+    map; those of the query, key and value projections saw no batch, and so stayed off, while
+    the stacked product skipped their hooks."""
+    from hopfield.outliers import activation_quantizers, quantize_w8a8
+
+    layer = _seeded_layer()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    quantized = quantize_w8a8(layer, [x, x], num_batches=2)
+    states = {name: q.state for name, q in activation_quantizers(quantized).items()}
+    assert len(states) == 8 and set(states.values()) == {"quantize"}, states
 
 
 def test_copies_and_pickles_leave_the_per_call_caches_behind() -> None:

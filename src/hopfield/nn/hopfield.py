@@ -57,6 +57,37 @@ def _weight_and_bias(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return layer.weight, layer.bias
 
 
+def _calls_plain_linear(module: nn.Module | None) -> bool:
+    """Whether calling ``module`` computes ``F.linear(x, module.weight, module.bias)`` and
+    nothing else, hooks for every module aside (:func:`_global_module_hooks`): an ``nn.Linear``
+    (or a parametrized one) with ``nn.Linear``'s own ``forward`` and no hooks. Only then may a
+    layer read its weights and skip the call: a subclass with a forward of its own (QAT's
+    fake-quantized ``Linear``), or hooks (W8A8 activation quantizers, activation recorders,
+    pruning), must run.
+    """
+    return (
+        isinstance(module, nn.Linear)
+        and type(module).forward is nn.Linear.forward
+        and not (
+            module._forward_hooks
+            or module._forward_pre_hooks
+            or module._backward_hooks
+            or module._backward_pre_hooks
+        )
+    )
+
+
+def _global_module_hooks() -> bool:
+    """Whether hooks for every module are registered (``nn.modules.module.register_module_*``)."""
+    registered = nn.modules.module
+    return bool(
+        registered._global_forward_hooks
+        or registered._global_forward_pre_hooks
+        or registered._global_backward_hooks
+        or registered._global_backward_pre_hooks
+    )
+
+
 def _stacked(
     weights_and_biases: list[tuple[Tensor, Tensor | None]],
 ) -> tuple[Tensor, Tensor | None]:
@@ -414,9 +445,10 @@ class Hopfield(nn.Module):
             stored is state
             and state is projection
             and not self.tie_values_to_keys
-            and isinstance(q_proj, nn.Linear)
-            and isinstance(k_proj, nn.Linear)
-            and isinstance(v_proj, nn.Linear)
+            and not _global_module_hooks()
+            and _calls_plain_linear(q_proj)
+            and _calls_plain_linear(k_proj)
+            and _calls_plain_linear(v_proj)
         ):
             q, k, v = self._packed_projections(state)  # already split into heads
         else:
@@ -435,7 +467,8 @@ class Hopfield(nn.Module):
         """The per-head query, key and value projections ``(B, H, N, ·)`` of one input
         ``x (B, N, ·)`` (self-association).
 
-        Without gradients to the projections they run as one matrix product with the three
+        Without gradients to the projections (and when calling them would compute nothing
+        else: :func:`_calls_plain_linear`) they run as one matrix product with the three
         weights stacked, whose output is viewed as the heads (no copies); the stacked weights
         are kept between calls and rebuilt when a weight or bias changes: its version (in-place
         updates) or its data pointer (``.data =``, ``load_state_dict`` into new tensors,
