@@ -151,3 +151,15 @@ def test_a_random_feature_projection_is_the_same_on_every_process(
     first, second = json.loads((tmp_path / "projections.json").read_text())
     assert len(first) == 2 and first == second
     assert (first[0] == first[1]) == (redraw is None)
+
+
+def test_the_layers_train_under_fsdp2_as_in_one_process(tmp_path: Path) -> None:
+    """Every kind of layer, sharded with FSDP2 (``fully_shard``) over two processes that each
+    take half of every batch, ends three SGD steps (with no-grad evaluations between them) where
+    the unsharded stack trained on whole batches does. Learnable scalars are one-element vectors:
+    ``fully_shard`` refused the 0-d ones (entmax's alpha, a shared sink logit, a gain)."""
+    script = str(Path(__file__).with_name("fsdp_layers_script.py"))
+    torchrun([script, str(tmp_path)], cwd=tmp_path)
+    found = json.loads((tmp_path / "fsdp.json").read_text())
+    assert found["processes"] == 2 and found["sharded"]
+    assert found["difference"] < 1e-5, found

@@ -10,7 +10,7 @@ import hopfield
 
 #: The layers, lowest first; modules of one layer may import each other.
 ORDER = (
-    ("stats", "tables", "_validation", "_install"),
+    ("stats", "tables", "_validation", "_install", "_scalars"),
     ("functional",),
     ("memory", "nn"),
     ("models", "integrations", "outliers", "data"),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hopfield._scalars import OneElementScalars
 from hopfield._validation import check_int
 from hopfield._validation import check_real as _check_real
 from hopfield.functional.native import capturing_graph, transforming
@@ -78,7 +79,7 @@ def _per_head(parameter: Tensor, scores: Tensor, name: str) -> Tensor:
     return parameter if heads == groups else parameter.repeat_interleave(heads // groups, 0)
 
 
-class Sink(Separation):
+class Sink(OneElementScalars, Separation):
     """Softmax with a sink: ``p_i = exp(z_i) / (exp(s) + Σ_j exp(z_j))``.
 
     The sink is one more logit ``s`` whose weight ``p_s = exp(s) / (exp(s) + Σ_j exp(z_j))`` is
@@ -95,13 +96,17 @@ class Sink(Separation):
     Args:
         logit: the (initial) sink logit: a finite float, or a tensor ``()`` / ``(G,)`` that is used
             as given (gradients flow to it; it is not inspected), e.g. a model's own sinks.
-        learnable: own the logit as an ``nn.Parameter`` initialised to ``logit`` (a float).
+        learnable: own the logit as an ``nn.Parameter`` initialised to ``logit`` (a float):
+            ``(G,)``, or ``(1,)`` for one logit of every head (a one-element vector, which FSDP2
+            can shard; read as a scalar).
         heads: ``G``, the number of sink logits (and value sink rows): one per head, or one per
             key/value group of grouped-query attention (query head ``h`` uses row ``h // (H / G)``);
             ``None``: one for all heads.
         value: the value sink: ``None`` (zero), an int ``Ev`` (a learnable vector, ``(G, Ev)`` or
             ``(Ev,)``, initialised to zero), or a tensor ``(Ev,)`` / ``(G, Ev)`` used as given.
     """
+
+    one_element_scalars = ("logit",)
 
     def __init__(
         self,
@@ -125,7 +130,7 @@ class Sink(Separation):
         else:
             value_ = _check_real("logit", logit)
             if learnable:
-                rows = () if heads is None else (heads,)
+                rows = (1,) if heads is None else (heads,)
                 self.logit = nn.Parameter(torch.full(rows, value_, device=device, dtype=dtype))
             else:  # one fixed logit for all heads (heads then counts the value sink's rows)
                 self.logit = value_
@@ -160,8 +165,8 @@ class Sink(Separation):
         if not isinstance(logit, Tensor):
             return torch.tensor(logit, dtype=dtype, device=scores.device)
         logit = logit.to(dtype)
-        if logit.dim() == 0:
-            return logit
+        if logit.dim() == 0 or self.heads is None:  # one logit for every head (a learnable
+            return logit.reshape(())  # one is kept as (1,))
         return _per_head(logit, scores, "sink logit").view(-1, 1, 1)
 
     def value_sink(
@@ -690,7 +695,7 @@ def _exact_alpha(alpha: Tensor | float, alpha_t: Tensor) -> float:
     if isinstance(alpha, Tensor):
         if alpha_t.numel() != 1 or alpha_t.is_meta or transforming():
             return math.nan
-        alpha = float(alpha_t)
+        alpha = float(alpha_t.detach())
     return float(alpha) if alpha in (2.0, 1.5) else math.nan
 
 
@@ -727,12 +732,14 @@ class Sparsemax(Separation):
         return entmax(scores, 2.0)
 
 
-class Entmax(Separation):
+class Entmax(OneElementScalars, Separation):
     """alpha-entmax (Peters et al., 2019); ``alpha = 1.5`` exact, other alpha by Newton's method.
 
     With ``learnable=True`` the map is the "generalized sparse" separation of STanHop:
     ``alpha = 1 + sigmoid(a)`` in ``(1, 2)`` with one parameter ``a`` per head (``num_heads``),
-    broadcast over scores ``(B, H, L, S)``, initialised so that ``alpha`` starts at ``alpha``.
+    broadcast over scores ``(B, H, L, S)``, initialised so that ``alpha`` starts at ``alpha``:
+    ``alpha_logit`` is ``(H, 1, 1)``, or ``(1,)`` for one alpha (a one-element vector, which
+    FSDP2 can shard; read as a scalar).
 
     Args:
         alpha: the (initial) alpha, in ``(1, 2]`` (``(1, 2)`` when learnable).
@@ -740,6 +747,8 @@ class Entmax(Separation):
         num_heads: number of heads for a per-head learnable alpha (``None``: one alpha).
         iterations: at most this many Newton steps for alpha other than 1.5 and 2, a positive int.
     """
+
+    one_element_scalars = ("alpha_logit",)
 
     def __init__(
         self,
@@ -760,7 +769,7 @@ class Entmax(Separation):
         self.num_heads = num_heads
         self.iterations = check_int("iterations", iterations)
         if learnable:
-            shape = (num_heads, 1, 1) if num_heads is not None else ()
+            shape = (num_heads, 1, 1) if num_heads is not None else (1,)
             self.alpha_logit: nn.Parameter | None = nn.Parameter(
                 torch.empty(shape, device=device, dtype=dtype)
             )
@@ -778,7 +787,8 @@ class Entmax(Separation):
         """The current alpha: a float, or a tensor ``(H, 1, 1)`` / scalar when learnable."""
         if self.alpha_logit is None:
             return self.initial_alpha
-        return 1 + torch.sigmoid(self.alpha_logit)
+        logit = self.alpha_logit if self.num_heads is not None else self.alpha_logit.reshape(())
+        return 1 + torch.sigmoid(logit)
 
     def separate(self, scores: Tensor) -> Tensor:
         alpha = self.alpha

@@ -25,6 +25,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from hopfield._scalars import OneElementScalars
 from hopfield._validation import check_int, check_real
 from hopfield.models.hyperset import ImageClassifier, SudokuModel
 from hopfield.nn.hyperset import WeightSharedEncoder
@@ -41,12 +42,15 @@ __all__ = [
 QK_INIT_STD = 0.002
 
 
-class EnergyLayerNorm(nn.Module):
+class EnergyLayerNorm(OneElementScalars):
     """``g = γ (x − mean(x)) / sqrt(var(x) + eps) + δ`` over the last dimension.
 
     The gain ``γ`` is one scalar (so ``g`` is the gradient of a convex Lagrangian and the energy
-    descends for small steps), the bias ``δ`` a ``(d,)`` vector.
+    descends for small steps; kept as a ``(1,)`` parameter, which FSDP2 can shard), the bias
+    ``δ`` a ``(d,)`` vector.
     """
+
+    one_element_scalars = ("gain",)
 
     def __init__(
         self,
@@ -59,7 +63,7 @@ class EnergyLayerNorm(nn.Module):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
         self.eps = check_real("eps", eps, low=0.0, low_open=True)
-        self.gain = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        self.gain = nn.Parameter(torch.empty(1, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
         self.reset_parameters()
 
