@@ -736,3 +736,47 @@ def test_a_run_with_redrawn_random_features_resumes_bitwise(tmp_path: Path) -> N
     resumed = run(tmp_path / "parts", None, True)  # a new job, built as the first was
     for name, value in resumed.state_dict().items():
         assert torch.equal(value, whole.state_dict()[name]), name
+
+
+class _EntmaxPooling(nn.Module):
+    """A Hopfield pooling with a learnable entmax alpha, and a linear head; ``scalar_alpha``
+    keeps the alpha's logit 0-d, as this package did before 29 Nov 2026."""
+
+    def __init__(self, scalar_alpha: bool) -> None:
+        super().__init__()
+        from hopfield.functional import Entmax
+        from hopfield.nn import HopfieldPooling
+
+        separation = Entmax(1.5, learnable=True)
+        if scalar_alpha:
+            assert separation.alpha_logit is not None
+            separation.alpha_logit = nn.Parameter(separation.alpha_logit.detach().reshape(()))
+        self.pool = HopfieldPooling(4, num_heads=2, separation=separation, batch_first=True)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        patterns = torch.stack([x, x.roll(1, -1), -x], 1)  # distinct: alpha gets a gradient
+        return self.out(self.pool(patterns).squeeze(1))
+
+
+def test_a_checkpoint_with_zero_dimensional_scalars_resumes(tmp_path: Path) -> None:
+    """A run checkpointed while learnable scalars were 0-d parameters (their Adam moments 0-d
+    too) resumes with the one-element parameters and ends where the uninterrupted old run does
+    (the first step after resuming failed: the moments could not take the gradient's shape)."""
+
+    def run(out: Path, until: int | None, resume: bool, scalar_alpha: bool) -> nn.Module:
+        torch.manual_seed(0)
+        config = TrainingConfig(max_steps=6, batch_size=8, lr=1e-2, checkpoint_every=1, cpu=True)
+        job = Trainer(
+            _EntmaxPooling(scalar_alpha), data(), _squared_error, config, out, progress=False
+        )
+        job.fit(until_step=until, resume=resume)
+        return job.unwrapped
+
+    whole = run(tmp_path / "whole", None, False, scalar_alpha=True).state_dict()
+    run(tmp_path / "parts", 3, False, scalar_alpha=True)
+    resumed = run(tmp_path / "parts", None, True, scalar_alpha=False).state_dict()
+    assert resumed["pool.hopfield.separation.alpha_logit"].shape == (1,)
+    for name, value in resumed.items():
+        torch.testing.assert_close(value, whole[name].reshape(value.shape), rtol=0, atol=0)
+    assert not torch.equal(resumed["pool.hopfield.separation.alpha_logit"], torch.zeros(1))

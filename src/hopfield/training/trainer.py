@@ -294,6 +294,7 @@ class Trainer:
                 f"this run has {self.config.mixed_precision!r}; resume with the same precision"
             )
         self.accelerator.load_state(str(path))
+        _moments_shaped_as_parameters(getattr(self.optimizer, "optimizer", self.optimizer))
 
     def _resume(self) -> int | None:
         """Restore the newest checkpoint whose files match its manifest (every process agrees
@@ -616,6 +617,23 @@ class Trainer:
     def close(self) -> None:
         """Remove the monitoring hooks from the model."""
         self.monitor.remove()
+
+
+def _moments_shaped_as_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """Give the loaded per-parameter state of ``optimizer`` (Adam's moments, a momentum buffer)
+    the shape ``(1,)`` of its parameter where the checkpoint holds it 0-d: learnable scalars of
+    this package became one-element vectors on 29 Nov 2026 (:mod:`hopfield._scalars`), and a
+    checkpoint written before keeps their moments as scalars, which the first step could not
+    update in place ("output with shape [] doesn't match the broadcast shape [1]"). The step
+    count, a scalar by design, stays."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter)
+            if not state or parameter.shape != (1,):
+                continue
+            for key, value in state.items():
+                if key != "step" and isinstance(value, Tensor) and value.dim() == 0:
+                    state[key] = value.reshape(1)
 
 
 def check_tracker_names(names: Sequence[str]) -> None:
