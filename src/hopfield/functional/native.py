@@ -194,6 +194,13 @@ def abstract_tensors() -> bool:
     return capturing_graph() or transforming()
 
 
+def reading_waits(tensor: Tensor) -> bool:
+    """Whether reading a value of ``tensor`` on the host (``bool(t.any())``, ``.item()``) waits
+    for a device to finish its queued work (a synchronisation): for every tensor not on the CPU.
+    A branch that only saves work where reading is cheap takes its branch-free form then."""
+    return not tensor.is_cpu
+
+
 def _cache_root() -> Path:
     root = os.environ.get("HOPFIELD_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "hopfield"

@@ -162,8 +162,8 @@ class Sink(OneElementScalars, Separation):
         scores'): ``()`` or ``(H, 1, 1)``."""
         dtype = scores.dtype if dtype is None else dtype
         logit = self.logit
-        if not isinstance(logit, Tensor):
-            return torch.tensor(logit, dtype=dtype, device=scores.device)
+        if not isinstance(logit, Tensor):  # filled on the device: no host-to-device copy
+            return torch.full((), logit, dtype=dtype, device=scores.device)
         logit = logit.to(dtype)
         if logit.dim() == 0 or self.heads is None:  # one logit for every head (a learnable
             return logit.reshape(())  # one is kept as (1,))
@@ -712,10 +712,15 @@ def entmax(scores: Tensor, alpha: Tensor | float = 1.5, iterations: int = 50) ->
     """
     check_int("iterations", iterations)
     work = _upcast(scores)
-    alpha_t = torch.as_tensor(alpha, dtype=work.dtype, device=scores.device)
-    readable = not alpha_t.is_meta and not transforming()  # meta (cost estimates): no values
-    if readable and not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
-        raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
+    if isinstance(alpha, Tensor):
+        alpha_t = alpha.to(dtype=work.dtype, device=scores.device)
+        readable = not alpha_t.is_meta and not transforming()  # meta (cost estimates): no values
+        if readable and not bool(((alpha_t > 1) & (alpha_t <= 2)).all()):
+            raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
+    else:  # checked on the host and filled on the device: no synchronisation with it
+        if not 1 < alpha <= 2:
+            raise ValueError(f"alpha must lie in (1, 2], got {alpha}")
+        alpha_t = torch.full((), alpha, dtype=work.dtype, device=scores.device)
     if scores.shape[-1] == 0:  # no keys: no weights, as torch.softmax; alpha gets a zero gradient
         return scores + 0 * alpha_t.sum()
     weights: Tensor = _Entmax.apply(work, alpha_t, iterations, _exact_alpha(alpha, alpha_t))

@@ -27,7 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hopfield.functional.blockwise import blockwise_entmax_attention
-from hopfield.functional.native import abstract_tensors, capturing_graph, transforming
+from hopfield.functional.native import (
+    abstract_tensors,
+    capturing_graph,
+    reading_waits,
+    transforming,
+)
 from hopfield.functional.separation import (
     HALF_DTYPES,
     Entmax,
@@ -373,8 +378,9 @@ class Dense(Structure):
         elif mask is not None:
             allowed = mask if mask.dtype == torch.bool else mask > -math.inf
             blocked_rows = ~allowed.any(dim=-1, keepdim=True)
-            if abstract_tensors() or bool(blocked_rows.any()):
-                # the extra key changes no other row: taken unread in a graph or transform
+            if abstract_tensors() or reading_waits(q) or bool(blocked_rows.any()):
+                # the extra key changes no other row: taken unread in a graph or transform,
+                # and on an accelerator, where reading would wait for the device (a sync)
                 k, v = _append_zero_keys(k, v, 1)
                 extra = (
                     blocked_rows

@@ -1,0 +1,232 @@
+"""On an accelerator, a training step of the softmax-family layers, sparsemax and entmax(1.5),
+the Hugging Face attention variants and the outlier benchmark's language model reads no value
+back to the host and copies no Python number to the device: each would wait for the device's
+queued work (a synchronisation per layer and step; the vanilla baseline alone had one with
+padding masks, which biased the time comparison of OutEffHop's Table 4 against it).
+
+A CPU machine stands in for the accelerator: the CPU's own fast paths (its flash kernel, the
+native kernels) are switched off and :func:`hopfield.functional.native.reading_waits` answers as
+for a device tensor; every call that would synchronise is recorded by a torch function mode.
+Known synchronisations, by design: Newton's iterations of a learnable entmax (its stopping
+test), random masks (their subset sizes) and ``update_steps > 1`` (each head's early stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import hopfield.functional.structures as structures
+from hopfield.functional import ClippedSoftmax, Entmax, Sink, SoftmaxN, Sparsemax, TopK, Window
+from hopfield.models.sink_lm import ATTENTIONS, SinkLM, SinkLMConfig
+from hopfield.nn import GatedAttention, Hopfield, HopfieldLayer, HopfieldPooling, OutEffHop
+
+#: Tensor methods and functions whose result the host must wait for.
+_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__bool__,
+    torch.Tensor.__float__,
+    torch.Tensor.__int__,
+    torch.Tensor.__index__,
+    torch.Tensor.numpy,
+    torch.Tensor.cpu,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.masked_select,
+    torch.Tensor.masked_select,
+    torch.unique,
+}
+_FROM_HOST = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
+
+
+class HostSyncs(TorchFunctionMode):
+    """Records ``(function, file:line)`` of every call that would synchronise with a device:
+    a value read back (``bool``, ``item``, ``nonzero``, boolean indexing) or a tensor made from
+    Python data (copied from the host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        boolean_index = (
+            func is torch.Tensor.__getitem__
+            and len(args) > 1
+            and isinstance(args[1], torch.Tensor)
+            and args[1].dtype == torch.bool
+        )
+        made_from_host = func in _FROM_HOST and bool(args) and not isinstance(args[0], torch.Tensor)
+        if func in _READS or boolean_index or made_from_host:
+            caller = traceback.extract_stack()[-2]
+            self.calls[
+                f"{getattr(func, '__name__', func)} at {caller.filename}:{caller.lineno}"
+            ] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def accelerator_paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The paths a CUDA tensor takes: no CPU flash kernel, no native kernels, and reading a
+    value counts as waiting for the device."""
+    monkeypatch.setenv("HOPFIELD_NATIVE", "0")
+    monkeypatch.setattr(structures, "CPU_FLASH_AVAILABLE", False)
+    monkeypatch.setattr(structures, "reading_waits", lambda tensor: True)
+    yield
+
+
+WIDTH, HEADS = 16, 2
+
+LAYERS: dict[str, Callable[[], nn.Module]] = {
+    "dense": lambda: Hopfield(WIDTH, HEADS),
+    "outeffhop": lambda: OutEffHop(WIDTH, HEADS),
+    "softmax_2": lambda: Hopfield(WIDTH, HEADS, separation=SoftmaxN(2.0)),
+    "sink": lambda: Hopfield(WIDTH, HEADS, separation=Sink(0.3, value=WIDTH // HEADS)),
+    "sink-learnable": lambda: Hopfield(
+        WIDTH, HEADS, separation=Sink(0.3, learnable=True, heads=HEADS)
+    ),
+    "clipped": lambda: Hopfield(WIDTH, HEADS, separation=ClippedSoftmax(gamma=-0.1, zeta=1.1)),
+    "gated": lambda: Hopfield(WIDTH, HEADS, gate=GatedAttention(WIDTH, HEADS)),
+    "sparsemax": lambda: Hopfield(WIDTH, HEADS, separation=Sparsemax()),
+    "entmax": lambda: Hopfield(WIDTH, HEADS, separation=Entmax(1.5)),
+    "topk": lambda: Hopfield(WIDTH, HEADS, structure=TopK(3)),
+    "window": lambda: Hopfield(WIDTH, HEADS, structure=Window(2)),
+}
+
+
+def _padding() -> torch.Tensor:
+    """``key_padding_mask (3, 6)``: one full row, one half padded, one fully padded."""
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1, 3:] = True
+    mask[2] = True
+    return mask
+
+
+def _step(module: nn.Module, **kwargs: Any) -> None:
+    module(torch.randn(3, 6, WIDTH), **kwargs).sum().backward()
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "padded"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_training_step_of_a_layer_does_not_synchronise(
+    name: str, masked: bool, accelerator_paths: None
+) -> None:
+    torch.manual_seed(0)
+    layer = LAYERS[name]()
+    kwargs = {"key_padding_mask": _padding()} if masked else {}
+    _step(layer, **kwargs)  # first calls build what later ones keep
+    with HostSyncs() as syncs:
+        _step(layer, **kwargs)
+        with torch.no_grad():
+            layer.eval()(torch.randn(3, 6, WIDTH), **kwargs)
+    assert not syncs.calls, dict(syncs.calls)
+
+
+@pytest.mark.parametrize("name", ["pooling", "layer"])
+def test_a_training_step_of_learned_patterns_does_not_synchronise(
+    name: str, accelerator_paths: None
+) -> None:
+    torch.manual_seed(0)
+    module = HopfieldPooling(WIDTH, HEADS) if name == "pooling" else HopfieldLayer(WIDTH, HEADS)
+    _step(module)
+    with HostSyncs() as syncs:
+        _step(module)
+    assert not syncs.calls, dict(syncs.calls)
+
+
+def test_the_device_path_of_padded_dense_attention_is_the_host_path() -> None:
+    """With a mask, SDPA gives NaN in a fully masked row, so the dense path adds one zero key
+    that only such rows see. On the host it is added only when a row is fully masked (reading
+    the mask is free there); on a device always (reading would synchronise): the same values
+    and gradients either way, with and without a fully masked row."""
+    for fully_masked in (False, True):
+        mask = _padding()
+        mask[2] = fully_masked
+        results = []
+        for waits in (False, True):
+            torch.manual_seed(0)
+            layer = Hopfield(WIDTH, HEADS, dtype=torch.float64)
+            x = torch.randn(3, 6, WIDTH, dtype=torch.float64, requires_grad=True)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(structures, "CPU_FLASH_AVAILABLE", False)
+                patch.setattr(structures, "reading_waits", lambda tensor, w=waits: w)
+                out = layer(x, key_padding_mask=mask)
+            out.sum().backward()
+            assert x.grad is not None
+            results.append((out.detach(), x.grad))
+        torch.testing.assert_close(results[0], results[1], rtol=1e-12, atol=1e-12)
+        assert bool(torch.isfinite(results[1][1]).all())
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_a_training_step_of_the_sink_lm_does_not_synchronise(
+    attention: str, accelerator_paths: None
+) -> None:
+    torch.manual_seed(0)
+    model = SinkLM(
+        SinkLMConfig(vocab_size=20, seq_len=8, d_model=16, num_heads=2, attention=attention)
+    )
+    tokens = torch.randint(0, 20, (2, 8))
+    model.loss(tokens).backward()
+    with HostSyncs() as syncs:
+        model.loss(tokens).backward()
+    assert not syncs.calls, dict(syncs.calls)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "softmax1", "clipped", "gated"])
+@pytest.mark.parametrize("family", ["bert", "opt"])
+def test_a_training_step_of_a_padded_hf_model_does_not_synchronise_in_its_attention(
+    family: str, variant: str, accelerator_paths: None
+) -> None:
+    """Only this package's files are judged (``transformers`` has synchronisations of its own,
+    e.g. OPT's position ids from the padding mask)."""
+    integrations = pytest.importorskip("hopfield.integrations")
+    sizes: dict[str, Any] = dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, vocab_size=50
+    )
+    sizes.update(ffn_dim=64, word_embed_proj_dim=32) if family == "opt" else sizes.update(
+        intermediate_size=64
+    )
+    torch.manual_seed(0)
+    model = integrations.build_model(family, variant, max_position_embeddings=16, **sizes)
+    ids = torch.randint(3, 50, (3, 10))
+    padding = torch.ones(3, 10, dtype=torch.long)
+    padding[2, 6:] = 0
+
+    def step() -> None:
+        model(input_ids=ids, attention_mask=padding, labels=ids).loss.backward()
+
+    step()
+    with HostSyncs() as syncs:
+        step()
+    ours = {call: n for call, n in syncs.calls.items() if "/hopfield/" in call}
+    assert not ours, ours
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_on_cuda_a_padded_training_step_does_not_synchronise(name: str) -> None:
+    """The same on a GPU, judged by PyTorch itself (``set_sync_debug_mode("error")`` raises at
+    a synchronising call)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]().cuda()
+    x = torch.randn(3, 6, WIDTH, device="cuda")
+    mask = _padding().cuda()
+    layer(x, key_padding_mask=mask).sum().backward()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer(x, key_padding_mask=mask).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
