@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,9 +69,8 @@ class HostSyncs(TorchFunctionMode):
         made_from_host = func in _FROM_HOST and bool(args) and not isinstance(args[0], torch.Tensor)
         if func in _READS or boolean_index or made_from_host:
             caller = traceback.extract_stack()[-2]
-            self.calls[
-                f"{getattr(func, '__name__', func)} at {caller.filename}:{caller.lineno}"
-            ] += 1
+            where = f"{caller.filename}:{caller.lineno} ({caller.name})"
+            self.calls[f"{getattr(func, '__name__', func)} at {where}"] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -230,3 +230,38 @@ def test_on_cuda_a_padded_training_step_does_not_synchronise(name: str) -> None:
         layer(x, key_padding_mask=mask).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+def test_a_trainer_step_reads_back_only_when_it_logs(tmp_path: Path) -> None:
+    """The Trainer keeps its running loss, metrics and gradient norm on the device and reads
+    them at a log record only: the reads in ``trainer.py`` over a run that logs once do not
+    grow with its steps (they were one per micro-batch, metric and step). The preemption flag,
+    a host tensor reduced over the processes, is read every step by design."""
+    from hopfield.training import Trainer, TrainingConfig
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    data = list(zip(x, x.sum(1, keepdim=True), strict=True))
+
+    def loss_fn(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        error = model(batch[0]) - batch[1]
+        return error.square().mean(), {"mae": error.abs().mean(), "constant": 1.0}
+
+    def reads(steps: int) -> dict[str, int]:
+        torch.manual_seed(0)
+        config = TrainingConfig(
+            max_steps=steps, batch_size=8, micro_batch_size=4, lr=1e-2, log_every=steps, cpu=True
+        )
+        trainer = Trainer(
+            nn.Linear(4, 1), data, loss_fn, config, tmp_path / str(steps), progress=False
+        )
+        with HostSyncs() as syncs:
+            trainer.fit()
+        return {
+            call: n
+            for call, n in syncs.calls.items()
+            if "trainer.py" in call and "(_preempted)" not in call
+        }
+
+    few, many = reads(2), reads(6)
+    assert few == many, (few, many)

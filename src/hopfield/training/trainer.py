@@ -188,6 +188,9 @@ class Trainer:
         self.step = 0
         self._feed: Iterator[Any] = iter(())  # the micro-batches of a fit (_batches)
         self._sums: dict[str, float] = {"steps": 0}
+        # the running sums since the last read, float64 on the loss's device: a step reads
+        # nothing back (on a GPU every read waits for the queued work); _settled() folds them in
+        self._unread: dict[str, Tensor] = {}
         self._selection: dict[str, Any] = {"best": None, "step": None, "metrics": {}, "bad": 0}
         self._best_state: dict[str, Tensor] | None = None
         self.log: list[dict[str, Any]] = []
@@ -209,7 +212,7 @@ class Trainer:
         evaluation and its weights, the log."""
         return {
             "step": self.step,
-            "sums": dict(self._sums),
+            "sums": dict(self._settled()),
             "selection": dict(self._selection),
             "best_state": self._best_state,
             "log": self.log,
@@ -218,7 +221,7 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         self.step = int(state["step"])
-        self._sums = dict(state["sums"])
+        self._sums, self._unread = dict(state["sums"]), {}
         self._selection = dict(state["selection"])
         self._best_state = state["best_state"]
         self.log = list(state["log"])
@@ -243,7 +246,7 @@ class Trainer:
         acc = self.accelerator
         root = self.out_dir / CHECKPOINT_DIR
         final, tmp = root / f"step-{self.step}", root / f"tmp-step-{self.step}"
-        self._sums = self._process_mean(self._sums)
+        self._sums = self._process_mean(self._settled())
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
@@ -385,7 +388,7 @@ class Trainer:
         for batch, count in zip(batches, counts, strict=True):
             yield batch, (count * accumulation / per_process if per_process > 0 else 1.0)
 
-    def _micro_step(self, batch: Any, weight: float) -> dict[str, float]:
+    def _micro_step(self, batch: Any, weight: float) -> dict[str, Tensor]:
         """Forward and backward one micro-batch under ``accelerator.accumulate`` (no gradient
         all-reduce but on the last micro-batch of a step; the loss is divided by the
         accumulation) with its loss times ``weight``; its weighted loss and metrics."""
@@ -396,17 +399,18 @@ class Trainer:
             if not isinstance(loss, Tensor) or loss.dim() != 0:
                 raise TypeError("loss_fn must return a scalar Tensor or (scalar Tensor, dict)")
             acc.backward(loss if weight == 1.0 else loss * weight)
-        values = {"loss": float(loss.detach())}
-        values.update({k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()})
+        values = {"loss": loss.detach().double()}
+        values.update({k: _float64_on(loss.device, v) for k, v in metrics.items()})
         return {k: v if weight == 1.0 else v * weight for k, v in values.items()}
 
-    def _train_step(self) -> float:
-        """One optimiser step over ``accumulation`` micro-batches; the gradient norm."""
+    def _train_step(self) -> Tensor:
+        """One optimiser step over ``accumulation`` micro-batches; the gradient norm (on the
+        device: read at a log record only)."""
         acc, cfg = self.accelerator, self.config
         accumulation = self.order.accumulation
         for batch, weight in self._weighted_batches():
             for name, value in self._micro_step(batch, weight).items():
-                self._sums[name] = self._sums.get(name, 0.0) + value / accumulation
+                self._accumulate(name, value / accumulation)
         self._sums["steps"] += 1
         if cfg.grad_clip:
             norm = acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -417,7 +421,27 @@ class Trainer:
         if not acc.optimizer_step_was_skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return torch.as_tensor(norm)
+
+    def _accumulate(self, name: str, value: Tensor) -> None:
+        """Add ``value`` (float64, on the device) to the running sum ``name`` on the device,
+        starting from its settled float: the additions of the floats they replace, in their
+        order, so the log is bitwise what it was when each value was read at once."""
+        unread = self._unread.get(name)
+        if unread is None:
+            unread = torch.full(
+                (), self._sums.get(name, 0.0), dtype=torch.float64, device=value.device
+            )
+        self._unread[name] = unread + value
+
+    def _settled(self) -> dict[str, float]:
+        """The running sums as floats (one read of everything accumulated on the device)."""
+        if self._unread:
+            names = list(self._unread)
+            read = torch.stack([self._unread[n] for n in names]).tolist()
+            self._sums.update(zip(names, read, strict=True))
+            self._unread = {}
+        return self._sums
 
     def _process_mean(self, sums: Mapping[str, float]) -> dict[str, float]:
         """``sums`` (with their ``steps`` count) averaged over the processes."""
@@ -429,7 +453,7 @@ class Trainer:
 
     def _reduced_sums(self) -> dict[str, float]:
         """The running means since the last record, averaged over the processes."""
-        sums, self._sums = self._process_mean(self._sums), {"steps": 0}
+        sums, self._sums = self._process_mean(self._settled()), {"steps": 0}
         steps = max(sums.pop("steps"), 1)
         return {k: v / steps for k, v in sums.items()}
 
@@ -597,7 +621,7 @@ class Trainer:
                 "epoch": self.order.epoch_of(self.step - 1),
                 **self._reduced_sums(),
                 "lr": lr,
-                "grad_norm": norm,
+                "grad_norm": float(norm),
                 "max_abs": self._reduced_max_abs(),
             }
             if evaluate_now:
@@ -617,6 +641,14 @@ class Trainer:
     def close(self) -> None:
         """Remove the monitoring hooks from the model."""
         self.monitor.remove()
+
+
+def _float64_on(device: torch.device, value: Any) -> Tensor:
+    """A metric (a tensor or a number) as a float64 tensor on ``device``, a number filled there
+    (not copied from the host, which on a GPU waits for its queue)."""
+    if isinstance(value, Tensor):
+        return value.detach().to(device=device, dtype=torch.float64)
+    return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
 def _moments_shaped_as_parameters(optimizer: torch.optim.Optimizer) -> None:
