@@ -202,6 +202,21 @@ def test_a_data_dir_that_does_not_exist_is_an_error_before_anything_runs(
     assert f"{tmp_path / 'file'} (--data-dir / data_dir) is not a directory" in line
 
 
+def test_an_out_folder_that_cannot_be_made_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` through a file (or anywhere a folder cannot be made) is one line naming the
+    folder and why, for ``run`` and ``reproduce`` (it was a traceback)."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "runs"
+    for command in (
+        ["run", "retrieval-demo", "--preset", "tiny"],
+        ["reproduce", "--preset", "tiny", "--only", "retrieval-demo"],
+    ):
+        line = _fails([*command, "--out", str(out)], capsys)
+        assert f"the run folder {out}" in line and "cannot be made (Not a directory)" in line, line
+
+
 def test_a_bad_setting_is_reported_before_a_folder_conflict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

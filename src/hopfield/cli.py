@@ -553,9 +553,17 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str] | None], int]] =
 def _user_errors() -> tuple[type[Exception], ...]:
     """The errors a command reports as one line: mistakes in its input. (The runner, which
     imports torch, is imported here, after the error, not by ``hopfield list``.)"""
+    from hopfield.experiments.results import OutputFolderError
     from hopfield.experiments.runner import ExistingRunError
 
-    return (UsageError, ConfigError, ExistingRunError, DataNotFoundError, ChecksumError)
+    return (
+        UsageError,
+        ConfigError,
+        ExistingRunError,
+        OutputFolderError,
+        DataNotFoundError,
+        ChecksumError,
+    )
 
 
 def _stopped_in(args: argparse.Namespace, stop: KeyboardInterrupt) -> Path | None:

@@ -37,6 +37,11 @@ class Results:
         )
 
 
+class OutputFolderError(ValueError):
+    """The run folder cannot be made: a path through a file, a read-only place, a missing
+    mount."""
+
+
 @dataclass
 class RunContext:
     """Where an experiment writes, where it finds data, how it reports progress, and in which
@@ -84,7 +89,13 @@ class RunContext:
 
         self.rank, self.processes = process_layout()
         self.out_dir = Path(self.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except (FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as error:
+            raise OutputFolderError(
+                f"the run folder {self.out_dir} cannot be made ({error.strerror}): give --out "
+                "a folder that can be written (it is made if missing)"
+            ) from error
         if self.data_dir is not None:
             self.data_dir = Path(self.data_dir)
         if not self.is_main_process:
