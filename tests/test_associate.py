@@ -23,6 +23,7 @@ from hopfield.functional import (
     associate,
     causal_mask,
     efficient,
+    structures,
 )
 from hopfield.functional.associate import normalize_mask
 from hopfield.functional.structures import Dense
@@ -99,10 +100,16 @@ def test_fast_path_equals_reference_values_and_gradients(
         assert torch.allclose(g, r, atol=1e-10)
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device"])
 @pytest.mark.parametrize("n", [0, 1, 2])
 @pytest.mark.parametrize("kind", list(mask_kinds()))
-def test_zero_key_sdpa_fallback_equals_reference(n: int, kind: str) -> None:
-    """The path used off the CPU or with dropout: n zero keys appended to fused SDPA."""
+def test_zero_key_sdpa_fallback_equals_reference(
+    n: int, kind: str, on_device: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path used off the CPU or with dropout: n zero keys appended to fused SDPA (on a
+    device, where reading the mask would synchronise, a masked softmax always gets the zero key
+    that only fully masked rows see)."""
+    monkeypatch.setattr(structures, "reading_waits", lambda tensor: on_device)
     mask, allowed, causal = mask_kinds()[kind]
     q, k, v = (t.requires_grad_(True) for t in patterns(value_size=E))
     normalized = normalize_mask(mask, q, k)
@@ -219,8 +226,6 @@ def test_bad_input_raises_clear_errors(kwargs: dict, error: type, match: str) ->
 @pytest.fixture
 def split_keys(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Small key parts and four threads, so that small problems take the split-key flash path."""
-    from hopfield.functional import structures
-
     monkeypatch.setattr(structures, "KEYS_PER_PART", 4)
     threads = torch.get_num_threads()
     torch.set_num_threads(4)
