@@ -420,6 +420,31 @@ def test_random_features_fully_padded_item_has_zero_output_and_gradients() -> No
             assert (grad[0] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_random_features_of_large_patterns_with_padded_keys_are_those_of_the_kept_keys(
+    dtype: torch.dtype,
+) -> None:
+    """The keys' stabiliser is the largest logit of the kept keys; a padded key's logit may lie
+    far above it (patterns of norm ~100), and its feature overflowed to inf before its weight 0
+    made it NaN, which spread to every output of its batch entry. Padded keys now give exact
+    zeros: the result is the one computed from the kept keys alone, with finite gradients."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (30 * torch.randn(2, 2, n, 8, generator=g) for n in (5, 8, 8))
+    mask = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    mask[0, ..., 4:] = False
+    rf = RandomFeatures(32, seed=0)
+    inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = kernel_out(rf, *inputs, mask, causal=False)
+    q0, k0, v0 = (t[:1] for t in inputs)
+    alone, _ = kernel_out(rf, q0, k0[..., :4, :], v0[..., :4, :], None, causal=False)
+    assert torch.isfinite(out).all()
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out[:1], alone, rtol=tolerance, atol=tolerance)
+    grads = torch.autograd.grad(out.float().square().sum(), inputs)
+    assert all(bool(torch.isfinite(grad).all()) for grad in grads)
+    assert bool((grads[1][0, :, 4:] == 0).all())
+
+
 @pytest.mark.parametrize("n,dtype", [(256, torch.float64), (8, torch.float32)])
 def test_random_features_causal_left_padded_keys_give_finite_gradients(n, dtype) -> None:
     q, k, v, mask = padded(n, dtype, "left")

@@ -656,17 +656,19 @@ class RandomFeatures(_KernelStructure):
             scaled = x * root
         logits = mapped.sub_(0.5 * (scaled * scaled).sum(dim=-1, keepdim=True))
         if stabilize:
+            masked = None if is_query or key_weights is None else key_weights == 0
             with torch.no_grad():
                 if is_query:
                     shift = logits.amax(dim=-1, keepdim=True)
                 else:
-                    if key_weights is not None:
-                        logits_valid = logits.masked_fill(key_weights == 0, -math.inf)
-                    else:
-                        logits_valid = logits
-                    shift = logits_valid.amax(dim=(-1, -2), keepdim=True)
+                    valid = logits if masked is None else logits.masked_fill(masked, -math.inf)
+                    shift = valid.amax(dim=(-1, -2), keepdim=True)
                 shift = shift.nan_to_num_(0.0, 0.0, 0.0)  # no finite logit: no shift
-            return logits.sub_(shift + log_root_m).exp_()
+            logits = logits.sub_(shift + log_root_m)
+            if masked is not None:  # a masked key may lie far above the shift of the others:
+                # its exp would overflow to inf, and inf times its weight 0 is NaN
+                logits = logits.masked_fill_(masked, -math.inf)
+            return logits.exp_()
         return logits.sub_(log_root_m).exp_()
 
     def kernel(self, q: Tensor, k: Tensor, scale: Scale) -> Tensor:
