@@ -163,6 +163,25 @@ def test_learnable_entmax_parameters() -> None:
         sep(torch.randn(2, 3, 3, 5))
 
 
+@pytest.mark.parametrize("num_heads", [None, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_a_learned_alpha_driven_to_the_softmax_limit_stays_an_entmax(
+    num_heads: int | None, dtype: torch.dtype
+) -> None:
+    """A learnable alpha's logit far below 0 (about -16 in float32) rounded ``1 + sigmoid`` to
+    exactly 1, which entmax refuses: the training step raised. Alpha now stays at ``1 + eps`` of
+    the logit's dtype, the softmax limit, and the map gives the softmax to rounding."""
+    sep = Entmax(alpha=1.5, learnable=True, num_heads=num_heads, dtype=dtype)
+    assert sep.alpha_logit is not None
+    with torch.no_grad():
+        sep.alpha_logit.fill_(-40.0)
+    scores = torch.randn(2, 3, 4, 6, dtype=dtype)
+    weights = sep(scores)
+    assert bool((torch.as_tensor(sep.alpha) > 1).all())
+    tolerance = 1e-5 if dtype != torch.bfloat16 else 5e-2
+    torch.testing.assert_close(weights, torch.softmax(scores, -1), rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize(("name", "sep"), ALL_MAPS)
 @pytest.mark.parametrize("magnitude", [1e4, -1e4])
 def test_extreme_logits_stay_finite(name: str, sep: Separation, magnitude: float) -> None:

@@ -789,11 +789,13 @@ class Entmax(OneElementScalars, Separation):
 
     @property
     def alpha(self) -> Tensor | float:
-        """The current alpha: a float, or a tensor ``(H, 1, 1)`` / scalar when learnable."""
+        """The current alpha: a float, or a tensor ``(H, 1, 1)`` / scalar when learnable (at
+        least ``1 + eps`` of its dtype: a logit below about -16 would round ``alpha`` to 1, the
+        softmax, which entmax is not; it then stays there, with no gradient)."""
         if self.alpha_logit is None:
             return self.initial_alpha
         logit = self.alpha_logit if self.num_heads is not None else self.alpha_logit.reshape(())
-        return 1 + torch.sigmoid(logit)
+        return 1 + torch.sigmoid(logit).clamp_min(torch.finfo(logit.dtype).eps)
 
     def separate(self, scores: Tensor) -> Tensor:
         alpha = self.alpha
