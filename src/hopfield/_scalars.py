@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 
 class OneElementScalars(nn.Module):
-    """Mix-in: the parameters named in :attr:`one_element_scalars` are stored as ``(1,)``; a 0-d
-    tensor under their name in a loaded state dict is read as ``(1,)``."""
+    """Mix-in for modules whose parameters named in :attr:`one_element_scalars` hold one number
+    as ``(1,)`` (or several, per head, in other shapes): a 0-d tensor under such a name in a
+    loaded state dict is read as ``(1,)``."""
 
     one_element_scalars: ClassVar[tuple[str, ...]] = ()
 
