@@ -2,15 +2,16 @@
 Hugging Face attention variants and the outlier benchmark's language model reads no value back
 to the host and copies no Python number to the device: each would wait for the device's queued
 work (a synchronisation per layer and step; of the outlier study's maps the vanilla baseline
-alone had one, with padding masks). Sparsemax, entmax and Top-K copy no number to the device.
+alone had one, with padding masks); so do sparsemax and entmax(1.5) below the blockwise size.
+Sparsemax, entmax and Top-K copy no number to the device at any size.
 
 A CPU machine stands in for the accelerator: the CPU's own fast paths (its flash kernel, the
 native kernels) are switched off and :func:`hopfield.functional.native.reading_waits` answers as
 for a device tensor; every call that would synchronise is recorded by a torch function mode.
-Known synchronisations, by design: the sparse maps' partial sorts (rows whose support
-outgrows the first sort are found and sorted again; the blockwise path's tiles), Top-K's index
-bookkeeping, Newton's iterations of a learnable entmax (its stopping test), random masks (their
-subset sizes) and ``update_steps > 1`` (each head's early stop).
+Known synchronisations, by design: the blockwise sparse path (its Newton steps over key tiles),
+Newton's method for entmax at other alphas and for a learnable alpha (its stopping test), Top-K's
+index bookkeeping, random masks (their subset sizes) and ``update_steps > 1`` (each head's early
+stop).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+import hopfield.functional.separation as separation
 import hopfield.functional.structures as structures
 from hopfield.functional import ClippedSoftmax, Entmax, Sink, SoftmaxN, Sparsemax, TopK, Window
 from hopfield.models.sink_lm import ATTENTIONS, SinkLM, SinkLMConfig
@@ -89,6 +91,7 @@ def accelerator_paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HOPFIELD_NATIVE", "0")
     monkeypatch.setattr(structures, "CPU_FLASH_AVAILABLE", False)
     monkeypatch.setattr(structures, "reading_waits", lambda tensor: True)
+    monkeypatch.setattr(separation, "reading_waits", lambda tensor: True)
     yield
 
 
@@ -160,6 +163,19 @@ def test_the_sparse_maps_copy_no_number_to_the_device(
     torch.manual_seed(0)
     syncs = _syncs_of_steps(SPARSE[name](), length, masked)
     assert not syncs.copies, syncs.copies
+
+
+@pytest.mark.parametrize("length", [64, 200])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "padded"])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax"])
+def test_exact_sparse_maps_below_the_blockwise_size_do_not_synchronise(
+    name: str, masked: bool, length: int, accelerator_paths: None
+) -> None:
+    """On a device the exact thresholds sort whole rows in one pass: a partial sort's refinement
+    read back which rows to sort again (twice a step and evaluation at 64 keys)."""
+    torch.manual_seed(0)
+    syncs = _syncs_of_steps(SPARSE[name](), length, masked)
+    assert not syncs.calls, dict(syncs.calls)
 
 
 @pytest.mark.parametrize("name", ["pooling", "layer"])
@@ -296,3 +312,21 @@ def test_a_trainer_step_reads_back_only_when_it_logs(tmp_path: Path) -> None:
 
     few, many = reads(2), reads(6)
     assert few == many, (few, many)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_the_device_thresholds_are_the_host_thresholds(alpha: float) -> None:
+    """Whole rows in one pass on a device, partial sorts refined row by row on the host: the
+    same weights and gradients in float64, on rows with small and large supports."""
+    g = torch.Generator().manual_seed(0)
+    peaked = 6 * torch.randn(4, 300, generator=g, dtype=torch.float64)
+    flat = 0.01 * torch.randn(4, 300, generator=g, dtype=torch.float64)
+    results = []
+    for waits in (False, True):
+        scores = torch.cat([peaked, flat]).requires_grad_()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(separation, "reading_waits", lambda tensor, w=waits: w)
+            weights = separation.entmax(scores, alpha)
+        (grad,) = torch.autograd.grad((weights * torch.arange(300.0)).sum(), scores)
+        results.append((weights.detach(), grad))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-12)

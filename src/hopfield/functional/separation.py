@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from hopfield._scalars import OneElementScalars
 from hopfield._validation import check_int
 from hopfield._validation import check_real as _check_real
-from hopfield.functional.native import capturing_graph, transforming
+from hopfield.functional.native import capturing_graph, reading_waits, transforming
 
 #: The dtypes computed in float32 (scores, sums) and cast back.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -497,7 +497,10 @@ def _threshold(z: Tensor, coef: Tensor, alpha: float, iterations: int) -> tuple[
     if rows == 0:
         return z.new_zeros(0, 1), z.new_zeros(0, 1)
     exact = alpha in (2.0, 1.5)
-    if exact:
+    if reading_waits(z):  # on a device: whole rows in one pass (sorted for the exact
+        # thresholds), as a partial sort's refinement reads back which rows to redo (a sync)
+        k = size
+    elif exact:
         k = _first_k(_FIRST_K_SPARSEMAX if alpha == 2.0 else _FIRST_K_ENTMAX15, size)
     else:  # Newton needs no order: short rows are cheaper whole than partly sorted
         k = _first_k_bisect(coef)
