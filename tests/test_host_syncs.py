@@ -1,17 +1,16 @@
-"""On an accelerator, a training step of the softmax-family layers (and window attention), the
+"""On an accelerator, a training step of the softmax-family layers (and window and Top-K), the
 Hugging Face attention variants and the outlier benchmark's language model reads no value back
 to the host and copies no Python number to the device: each would wait for the device's queued
 work (a synchronisation per layer and step; of the outlier study's maps the vanilla baseline
 alone had one, with padding masks); so do sparsemax and entmax(1.5) below the blockwise size.
-Sparsemax, entmax and Top-K copy no number to the device at any size.
+Sparsemax and entmax copy no number to the device at any size.
 
 A CPU machine stands in for the accelerator: the CPU's own fast paths (its flash kernel, the
 native kernels) are switched off and :func:`hopfield.functional.native.reading_waits` answers as
 for a device tensor; every call that would synchronise is recorded by a torch function mode.
 Known synchronisations, by design: the blockwise sparse path (its Newton steps over key tiles),
-Newton's method for entmax at other alphas and for a learnable alpha (its stopping test), Top-K's
-index bookkeeping, random masks (their subset sizes) and ``update_steps > 1`` (each head's early
-stop).
+Newton's method for entmax at other alphas and for a learnable alpha (its stopping test), random
+masks (their subset sizes) and ``update_steps > 1`` (each head's early stop).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+import hopfield.functional.native as native
 import hopfield.functional.separation as separation
 import hopfield.functional.structures as structures
 from hopfield.functional import ClippedSoftmax, Entmax, Sink, SoftmaxN, Sparsemax, TopK, Window
@@ -92,6 +92,7 @@ def accelerator_paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(structures, "CPU_FLASH_AVAILABLE", False)
     monkeypatch.setattr(structures, "reading_waits", lambda tensor: True)
     monkeypatch.setattr(separation, "reading_waits", lambda tensor: True)
+    monkeypatch.setattr(native, "reading_waits", lambda tensor: True)
     yield
 
 
@@ -108,11 +109,11 @@ LAYERS: dict[str, Callable[[], nn.Module]] = {
     "clipped": lambda: Hopfield(WIDTH, HEADS, separation=ClippedSoftmax(gamma=-0.1, zeta=1.1)),
     "gated": lambda: Hopfield(WIDTH, HEADS, gate=GatedAttention(WIDTH, HEADS)),
     "window": lambda: Hopfield(WIDTH, HEADS, structure=Window(2)),
+    "topk": lambda: Hopfield(WIDTH, HEADS, structure=TopK(3)),
 }
 SPARSE: dict[str, Callable[[], nn.Module]] = {
     "sparsemax": lambda: Hopfield(WIDTH, HEADS, separation=Sparsemax()),
     "entmax": lambda: Hopfield(WIDTH, HEADS, separation=Entmax(1.5)),
-    "topk": lambda: Hopfield(WIDTH, HEADS, structure=TopK(3)),
 }
 #: Short rows (one whole-row threshold) and long ones (partial sorts, the blockwise path).
 LENGTHS = (6, 512)
@@ -330,3 +331,22 @@ def test_the_device_thresholds_are_the_host_thresholds(alpha: float) -> None:
         (grad,) = torch.autograd.grad((weights * torch.arange(300.0)).sum(), scores)
         results.append((weights.detach(), grad))
     torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-12)
+
+
+def test_the_device_top_k_selection_is_the_host_selection() -> None:
+    """On a device Top-K ranks whole rows with ``topk``; the host's two passes (group maxima,
+    then the candidates above their bound) keep the same scores (without ties: the same keys)."""
+    from hopfield.functional.efficient import top_scores
+
+    scores = torch.randn(6, 3, 700, generator=torch.Generator().manual_seed(0))
+    scores[0, 0, :] = float("-inf")  # a row without finite candidates
+    kept = []
+    for waits in (False, True):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(native, "reading_waits", lambda tensor, w=waits: w)
+            patch.setenv("HOPFIELD_NATIVE", "0")
+            values, idx = top_scores(scores, 20)
+        order = values.argsort(-1)
+        kept.append((values.gather(-1, order), idx.gather(-1, order)))
+    torch.testing.assert_close(kept[0][0], kept[1][0], rtol=0, atol=0)
+    assert torch.equal(kept[0][1][1:], kept[1][1][1:])

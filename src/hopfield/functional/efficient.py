@@ -1197,7 +1197,8 @@ def top_scores(scores: Tensor, count: int) -> tuple[Tensor, Tensor]:
         return scores.clone(), idx
     if native.available(scores):
         return native.topk(scores, count)
-    if width < 16 * count:
+    if width < 16 * count or native.reading_waits(scores):  # on a device the two passes
+        # would read back how many candidates each row has (a sync); its topk is fast there
         values, idx = scores.topk(count, dim=-1, sorted=False)
         return values, idx
     shape = scores.shape[:-1]
