@@ -656,19 +656,15 @@ class RandomFeatures(_KernelStructure):
             scaled = x * root
         logits = mapped.sub_(0.5 * (scaled * scaled).sum(dim=-1, keepdim=True))
         if stabilize:
-            masked = None if is_query or key_weights is None else key_weights == 0
+            if not is_query and key_weights is not None:
+                # masked keys are left out of the shift and are exactly 0 after the exponential:
+                # one may lie far above the others' maximum, where its exp would overflow to
+                # inf, and inf times its weight 0 is NaN
+                logits = logits.masked_fill_(key_weights == 0, -math.inf)
             with torch.no_grad():
-                if is_query:
-                    shift = logits.amax(dim=-1, keepdim=True)
-                else:
-                    valid = logits if masked is None else logits.masked_fill(masked, -math.inf)
-                    shift = valid.amax(dim=(-1, -2), keepdim=True)
+                shift = logits.amax(dim=-1 if is_query else (-1, -2), keepdim=True)
                 shift = shift.nan_to_num_(0.0, 0.0, 0.0)  # no finite logit: no shift
-            logits = logits.sub_(shift + log_root_m)
-            if masked is not None:  # a masked key may lie far above the shift of the others:
-                # its exp would overflow to inf, and inf times its weight 0 is NaN
-                logits = logits.masked_fill_(masked, -math.inf)
-            return logits.exp_()
+            return logits.sub_(shift + log_root_m).exp_()
         return logits.sub_(log_root_m).exp_()
 
     def kernel(self, q: Tensor, k: Tensor, scale: Scale) -> Tensor:
